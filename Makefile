@@ -1,0 +1,29 @@
+# clef-quant: `make demo` runs the whole flow on the tiny checkpoint; `make test` runs the suite.
+# Both build the environment first when needed (`make setup`, idempotent).
+
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+# Rebuilt when any file that decides the environment changes.
+SETUP_STAMP := $(VENV)/.clef-setup
+SETUP_INPUTS := scripts/setup_env.sh scripts/patch_torchvision.py scripts/check_env.py \
+	constraints/serve.txt constraints/quantize.txt pyproject.toml vllm_plugin/pyproject.toml
+
+.PHONY: setup test lint demo clean
+
+setup: $(SETUP_STAMP)
+
+$(SETUP_STAMP): $(SETUP_INPUTS)
+	VENV=$(VENV) PYTHON=$(PYTHON) bash scripts/setup_env.sh
+	@touch $@
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q tests
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,23 @@
+"""The `clef-quant` command line: this module only assembles the command groups."""
+
+from __future__ import annotations
+
+import typer
+
+from clef_quant.cli import bench, encode, score, tiny
+
+app = typer.Typer(
+    name="clef-quant",
+    help="Quantize, evaluate, document and serve Clef decision-model releases.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("encode")(encode.encode)
+app.command("score")(score.score)
+app.command("make-tiny")(tiny.make_tiny)
+app.add_typer(bench.app, name="bench")
+
+
+def main() -> None:
+    app()

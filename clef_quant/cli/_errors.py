@@ -1,0 +1,61 @@
+"""One place that turns user errors into one line on stderr and exit code 2.
+
+Set CLEF_QUANT_DEBUG=1 to see the traceback instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+import typer
+from clef_vllm.errors import ClefError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+USAGE_EXIT = 2
+
+
+def fail(message: str, hint: str | None = None) -> typer.Exit:
+    """Print `message` (and a hint for the next step) and return the exit to raise."""
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    if hint:
+        typer.echo(f"hint: {hint}", err=True)
+    return typer.Exit(USAGE_EXIT)
+
+
+def user_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """Wrap a command so that bad input ends with one clear line, never a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except ClefError as exc:
+            if os.environ.get("CLEF_QUANT_DEBUG"):
+                raise
+            raise fail(str(exc)) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def read_json_file(path: str) -> object:
+    """Read a JSON document from a path (or `-` for stdin), failing with one line."""
+    try:
+        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+    except OSError as exc:
+        raise fail(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise fail(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None

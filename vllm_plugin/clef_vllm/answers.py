@@ -1,0 +1,59 @@
+"""From per-option probabilities to the SystemOne response body, mapped exactly as the release does."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from clef_vllm.request import ClefRequest, Question, QuestionType
+
+DECIMALS = 4
+
+
+def split_logits(logits: torch.Tensor, option_counts: Sequence[int]) -> list[torch.Tensor]:
+    """Per-question probabilities (softmax over each question's options) from one record's flat logits."""
+    return [chunk.float().softmax(dim=-1) for chunk in torch.split(logits, list(option_counts))]
+
+
+def answer(question: Question, probabilities: Sequence[float]) -> dict[str, Any]:
+    """One answer; `probabilities` are in model order (`question.options`)."""
+    by_id = {option.id: float(p) for option, p in zip(question.options, probabilities, strict=True)}
+    if question.type is QuestionType.NOUL:
+        return {"type": "noul", "noul": round(by_id["true"], DECIMALS)}
+    ordered = [(option_id, by_id[option_id]) for option_id in question.answer_order]
+    best_id, best_p = ordered[0]
+    for option_id, p in ordered[1:]:
+        if p > best_p:  # strict: ties go to the first option in request order
+            best_id, best_p = option_id, p
+    rounded = {option_id: round(p, DECIMALS) for option_id, p in ordered}
+    if question.type is QuestionType.CHOICE:
+        return {"type": "choice", "choice": best_id, "confidence": round(best_p, DECIMALS), "probabilities": rounded}
+    return {
+        "type": "score",
+        "score": round(sum(level * p for level, (_, p) in enumerate(ordered)), DECIMALS),
+        "confidence": round(best_p, DECIMALS),
+        "legend": {option.id: option.description for option in question.options},
+        "probabilities": rounded,
+    }
+
+
+def build_response(
+    request: ClefRequest, probabilities: Sequence[Sequence[float]], input_tokens: int
+) -> dict[str, Any]:
+    """The response body: one answer per question in request order, and the prompt length as usage."""
+    answers = {
+        question.id: answer(question, probs)
+        for question, probs in zip(request.questions, probabilities, strict=True)
+    }
+    return {
+        "model": request.model,
+        "answers": answers,
+        "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+    }
+
+
+def response_from_logits(request: ClefRequest, logits: torch.Tensor, input_tokens: int) -> dict[str, Any]:
+    counts = [len(q.options) for q in request.questions]
+    return build_response(request, [p.tolist() for p in split_logits(logits, counts)], input_tokens)

@@ -1,0 +1,214 @@
+"""The Clef release's prompt encoding: input ids plus the question and option spans the head reads.
+
+The prompt is a fixed sequence of pieces: prefix, media placeholders, state, one block per question, suffix.
+Every piece is tokenized on its own without special tokens and the ids are concatenated, so a span is exactly
+the ids of its piece. The state is the only part that may be cut: when prefix, media, schema and suffix leave
+fewer than `len(state)` tokens of `max_length`, the end of the state is dropped; when they alone exceed
+`max_length`, the request is refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from clef_vllm.errors import RequestError, SchemaTooLongError
+from clef_vllm.head import RecordSchema
+from clef_vllm.request import ClefRequest
+
+DEFAULT_MAX_LENGTH = 16384
+
+SYSTEM_PROMPT = (
+    "Read the complete state and schema. Decide every field jointly. "
+    "Each answer must be exactly one of that field's allowed options."
+)
+PREFIX = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nSTATE:\n"
+SCHEMA_HEADER = "\n\nSCHEMA FIELDS:\n"
+SUFFIX = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
+IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
+
+Span = tuple[int, int]
+
+
+class Tokenizer(Protocol):
+    def __call__(self, text: list[str], *, add_special_tokens: bool) -> Any: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+def render(value: Any) -> str:
+    """Text of a JSON value as the model sees it: strings as they are, anything else as compact sorted JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def option_text(option_id: str, description: Any) -> str:
+    body: dict[str, Any] = {"option_id": option_id}
+    if description is not None:
+        body["description"] = description
+    return render(body)
+
+
+def media_text(num_images: int, num_videos: int) -> str:
+    """All placeholders together, then one newline (the Flash release; Omni puts a newline after each)."""
+    return IMAGE_PLACEHOLDER * num_images + VIDEO_PLACEHOLDER * num_videos + "\n"
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """A request as the model reads it. Spans are half-open positions in `input_ids`."""
+
+    input_ids: list[int]
+    question_ids: list[str]
+    question_types: list[int]
+    question_spans: list[Span]
+    option_ids: list[list[str]]  # model order
+    option_spans: list[list[Span]]
+    state_tokens: int  # state tokens kept
+    state_tokens_dropped: int  # cut from the end of the state to fit max_length
+    max_length: int
+    media_inputs: dict[str, Any] = field(default_factory=dict)  # processor outputs (pixel values, grids)
+
+    @property
+    def truncated(self) -> bool:
+        return self.state_tokens_dropped > 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    def schema(self) -> RecordSchema:
+        """What the head needs to read this record's hidden states."""
+        return RecordSchema(
+            question_types=tuple(self.question_types),
+            question_spans=tuple(self.question_spans),
+            option_spans=tuple(tuple(spans) for spans in self.option_spans),
+        )
+
+
+class _Pieces:
+    """Ordered prompt pieces, some of them marked as spans to report."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.span_keys: dict[int, tuple[int, int]] = {}  # piece index -> (question, option or -1)
+
+    def add(self, text: str, span_of: tuple[int, int] | None = None) -> None:
+        if span_of is not None:
+            self.span_keys[len(self.texts)] = span_of
+        self.texts.append(text)
+
+
+def _schema_pieces(request: ClefRequest) -> _Pieces:
+    pieces = _Pieces()
+    pieces.add(SCHEMA_HEADER)
+    for qi, question in enumerate(request.questions):
+        pieces.add(f"\nFIELD {qi + 1}\nID: {question.id}\nTYPE: {question.type_name}\nINSTRUCTION: ")
+        instructions = question.instructions
+        pieces.add(question.id if instructions is None or instructions == "" else render(instructions), (qi, -1))
+        pieces.add("\nALLOWED OPTIONS:\n")
+        for oj, option in enumerate(question.options):
+            pieces.add(f"OPTION {oj + 1}: ")
+            pieces.add(option_text(option.id, option.description), (qi, oj))
+            pieces.add("\n")
+        pieces.add("END FIELD\n")
+    pieces.add(SUFFIX)
+    return pieces
+
+
+def _token_ids(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def encode_request(
+    request: ClefRequest,
+    tokenizer: Tokenizer,
+    *,
+    processor: Any | None = None,
+    max_length: int = DEFAULT_MAX_LENGTH,
+) -> Encoding:
+    """Encode a validated request exactly as the Clef release does.
+
+    `processor` (the checkpoint's `AutoProcessor`) is needed only for requests with images or videos; it
+    expands the media placeholders to one pad token per visual token and returns the pixel inputs.
+    """
+    schema = _schema_pieces(request)
+    prefix_ids, state_ids = _token_ids(tokenizer, [PREFIX, render(request.state)])
+    schema_ids = _token_ids(tokenizer, schema.texts)
+    media_ids: list[int] = []
+    media_inputs: dict[str, Any] = {}
+    if request.has_media:
+        media_ids, media_inputs = _encode_media(request, processor)
+
+    fixed = len(prefix_ids) + len(media_ids) + sum(len(ids) for ids in schema_ids)
+    if fixed > max_length:
+        raise SchemaTooLongError(fixed, max_length)
+    kept = min(len(state_ids), max_length - fixed)
+
+    input_ids = prefix_ids + media_ids + state_ids[:kept]
+    question_spans: list[Span] = [(0, 0)] * len(request.questions)
+    option_spans: list[list[Span]] = [[(0, 0)] * len(q.options) for q in request.questions]
+    for index, ids in enumerate(schema_ids):
+        key = schema.span_keys.get(index)
+        if key is not None:
+            span = (len(input_ids), len(input_ids) + len(ids))
+            qi, oj = key
+            if oj < 0:
+                question_spans[qi] = span
+            else:
+                option_spans[qi][oj] = span
+        input_ids.extend(ids)
+
+    return Encoding(
+        input_ids=input_ids,
+        question_ids=[q.id for q in request.questions],
+        question_types=[int(q.type) for q in request.questions],
+        question_spans=question_spans,
+        option_ids=[[o.id for o in q.options] for q in request.questions],
+        option_spans=option_spans,
+        state_tokens=kept,
+        state_tokens_dropped=len(state_ids) - kept,
+        max_length=max_length,
+        media_inputs=media_inputs,
+    )
+
+
+def _encode_media(request: ClefRequest, processor: Any | None) -> tuple[list[int], dict[str, Any]]:
+    if processor is None:
+        raise RequestError("this request has images or videos, but the checkpoint has no processor", "images")
+    images = [decode_image(data, f"images[{i}]") for i, data in enumerate(request.images)]
+    videos = [
+        [decode_image(frame, f"videos[{i}][{j}]") for j, frame in enumerate(frames)]
+        for i, frames in enumerate(request.videos)
+    ]
+    outputs = processor(
+        text=[media_text(len(images), len(videos))],
+        images=images or None,
+        videos=videos or None,
+        return_tensors="pt",
+    )
+    ids = [int(t) for t in outputs["input_ids"][0]]
+    extra = {k: v for k, v in outputs.items() if k not in ("input_ids", "attention_mask")}
+    return ids, extra
+
+
+def decode_image(data: str, where: str) -> Any:
+    """A base64 string or `data:` URL as an RGB PIL image; anything else is a request error naming `where`."""
+    from PIL import Image, UnidentifiedImageError
+
+    payload = data.split(",", 1)[1] if data.startswith("data:") else data
+    try:
+        raw = base64.b64decode(payload, validate=True)
+        image = Image.open(io.BytesIO(raw))
+        image.load()
+    except (binascii.Error, ValueError):
+        raise RequestError(f"{where} is not base64 image data or a data: URL", where) from None
+    except (UnidentifiedImageError, OSError):
+        raise RequestError(f"{where} is not a readable image", where) from None
+    return image.convert("RGB")

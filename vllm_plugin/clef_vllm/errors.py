@@ -1,0 +1,32 @@
+"""Errors that describe something wrong with what a user or client gave us.
+
+Each carries a message meant to be shown as it is: one line, naming the field or file at fault.
+"""
+
+from __future__ import annotations
+
+
+class ClefError(Exception):
+    """Base class: a problem with user input, never a bug in our code."""
+
+
+class RequestError(ClefError):
+    """A SystemOne request that breaks the format or a limit; `field` names where (e.g. `questions.q1.criteria`)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class SchemaTooLongError(RequestError):
+    """The prompt without its state already exceeds the maximum length."""
+
+    def __init__(self, required: int, maximum: int) -> None:
+        super().__init__(f"schema requires {required} tokens before state; maximum is {maximum}")
+        self.required = required
+        self.maximum = maximum
+
+
+class CheckpointError(ClefError):
+    """A release folder or head file that is missing, incomplete or inconsistent."""
