@@ -1,0 +1,104 @@
+"""Offline Python API: score many SystemOne requests at once with vLLM.
+
+    from clef_vllm.engine import ClefEngine
+
+    engine = ClefEngine("artifacts/tiny", max_num_batched_tokens=4096)
+    responses = engine.score([request_body, ...])   # SystemOne response bodies, in order
+
+Requests are validated and encoded here (the whole batch before the engine runs), vLLM batches and
+schedules them, and the plugin's pooler returns every option's logit. Scripts that create an engine need an
+`if __name__ == "__main__":` guard, because vLLM spawns its engine core process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clef_vllm.answers import response_from_logits
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
+from clef_vllm.errors import CheckpointError, RequestError
+from clef_vllm.plugin import ARCHITECTURE
+from clef_vllm.pooling_contract import SCHEMA_KEY, pooling_schema
+from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
+
+
+def engine_args(model: str | Path, *, max_model_len: int = DEFAULT_MAX_LENGTH, **overrides: Any) -> dict[str, Any]:
+    """vLLM engine arguments that run a Clef-Flash folder through the plugin's pooler."""
+    from vllm.config import PoolerConfig
+
+    args: dict[str, Any] = {
+        "model": str(model),
+        "runner": "pooling",
+        "hf_overrides": {"architectures": [ARCHITECTURE]},
+        "pooler_config": PoolerConfig(task="token_classify"),
+        "enable_prefix_caching": False,
+        "language_model_only": True,  # media support lands later; the vision tower is not loaded
+        "max_model_len": max_model_len,
+        "dtype": "bfloat16",
+    }
+    args.update(overrides)
+    return args
+
+
+class ClefEngine:
+    """A vLLM engine over one Clef-Flash release folder (original or quantized)."""
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        max_model_len: int = DEFAULT_MAX_LENGTH,
+        limits: Limits = DEFAULT_LIMITS,
+        **engine_kwargs: Any,
+    ) -> None:
+        from transformers import AutoTokenizer
+        from vllm import LLM
+
+        if not Path(model).is_dir() and str(model).count("/") != 1:
+            raise CheckpointError(f"{model} is neither a folder nor a Hub id")
+        self.model = str(model)
+        self.max_length = max_model_len
+        self.limits = limits
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        self.llm = LLM(**engine_args(model, max_model_len=max_model_len, **engine_kwargs))
+
+    def encode(self, body: dict[str, Any] | ClefRequest) -> tuple[ClefRequest, Encoding]:
+        request = body if isinstance(body, ClefRequest) else parse_request(body, self.limits)
+        if request.has_media:
+            raise RequestError("images and videos are not supported by the vLLM plugin yet", "images")
+        return request, encode_request(request, self.tokenizer, max_length=self.max_length)
+
+    def logits(self, encodings: Sequence[Encoding], *, progress: bool = False) -> list[torch.Tensor]:
+        """Every option's logit for each encoded request (flat, model order), batched by vLLM."""
+        from vllm import PoolingParams, TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=e.input_ids) for e in encodings]
+        params = [
+            PoolingParams(task="token_classify", use_activation=False, extra_kwargs={SCHEMA_KEY: pooling_schema(e)})
+            for e in encodings
+        ]
+        outputs = self.llm.encode(prompts, params, pooling_task="token_classify", use_tqdm=progress)
+        logits = []
+        for encoding, output in zip(encodings, outputs, strict=True):
+            if list(output.prompt_token_ids) != encoding.input_ids:
+                raise RuntimeError("the engine ran other token ids than the encoding; spans would be wrong")
+            logits.append(output.outputs.data.float().cpu())
+        return logits
+
+    def score(self, bodies: Sequence[dict[str, Any] | ClefRequest], *, progress: bool = False) -> list[dict[str, Any]]:
+        """SystemOne response bodies, in order. Every request is validated before any is scored."""
+        encoded = []
+        for index, body in enumerate(bodies):
+            try:
+                encoded.append(self.encode(body))
+            except RequestError as exc:
+                raise RequestError(f"request {index}: {exc.message}", exc.field) from None
+        logits = self.logits([e for _, e in encoded], progress=progress)
+        return [
+            response_from_logits(request, record_logits, encoding.num_tokens)
+            for (request, encoding), record_logits in zip(encoded, logits, strict=True)
+        ]

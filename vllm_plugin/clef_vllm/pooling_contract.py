@@ -1,0 +1,62 @@
+"""The schema a request hands to the pooler, as vLLM's in-tree Clef-Omni pooler already reads it.
+
+`PoolingParams(task="token_classify", extra_kwargs={"joint_schema": {...}})` with `question_types`,
+`question_spans`, `option_spans` (all options of all questions, flat) and `option_counts`. Spans count from
+the end of the prompt (`-len(prompt) <= start < end <= 0`) so they stay valid when media placeholders
+expand before the state. Keeping this contract lets one pooler serve our offline API, our server and
+`vllm serve`'s own `/v1/systemone`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clef_vllm.encoding import Encoding
+from clef_vllm.head import RecordSchema
+
+SCHEMA_KEY = "joint_schema"
+NUM_QUESTION_TYPES = 3
+
+
+def pooling_schema(encoding: Encoding) -> dict[str, list[Any]]:
+    """The `extra_kwargs["joint_schema"]` value for an encoded request."""
+    end = encoding.num_tokens
+    return {
+        "question_types": list(encoding.question_types),
+        "question_spans": [[s - end, e - end] for s, e in encoding.question_spans],
+        "option_spans": [[s - end, e - end] for spans in encoding.option_spans for s, e in spans],
+        "option_counts": [len(spans) for spans in encoding.option_spans],
+    }
+
+
+def parse_pooling_schema(extra_kwargs: dict[str, Any] | None, prompt_len: int) -> RecordSchema | None:
+    """The record's schema in absolute positions, or None when it is missing or does not fit the prompt.
+
+    Never raises: the pooler runs inside the engine core, where an exception kills the engine, and the
+    engine itself sends schema-less dummy requests while profiling.
+    """
+    raw = (extra_kwargs or {}).get(SCHEMA_KEY)
+    if not isinstance(raw, dict):
+        return None
+    try:
+        types = tuple(int(t) for t in raw["question_types"])
+        counts = [int(c) for c in raw["option_counts"]]
+        questions = tuple((int(s) + prompt_len, int(e) + prompt_len) for s, e in raw["question_spans"])
+        options = [(int(s) + prompt_len, int(e) + prompt_len) for s, e in raw["option_spans"]]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if (
+        not types
+        or len(counts) != len(types)
+        or len(questions) != len(types)
+        or len(options) != sum(counts)
+        or any(not 0 <= t < NUM_QUESTION_TYPES for t in types)
+        or any(c < 1 for c in counts)
+        or any(not 0 <= s < e <= prompt_len for s, e in (*questions, *options))
+    ):
+        return None
+    grouped, start = [], 0
+    for count in counts:
+        grouped.append(tuple(options[start : start + count]))
+        start += count
+    return RecordSchema(question_types=types, question_spans=questions, option_spans=tuple(grouped))

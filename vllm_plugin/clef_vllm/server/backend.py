@@ -1,0 +1,133 @@
+"""The engine behind the server: an async vLLM engine with the plugin's pooler, plus our encoder.
+
+Encoding runs in a worker thread under a lock (one tokenizer, many requests); the head runs inside the
+engine core, so the event loop only awaits results. A request whose client goes away is aborted in the
+engine (`finally`), so no work is left running for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from clef_vllm.answers import response_from_logits
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
+from clef_vllm.engine import engine_args
+from clef_vllm.errors import RequestError
+from clef_vllm.pooling_contract import SCHEMA_KEY, pooling_schema
+from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything `clef-systemone` is started with."""
+
+    model: str
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_body_bytes: int = 13 * 1024 * 1024
+    max_model_len: int = DEFAULT_MAX_LENGTH
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    limits: Limits = DEFAULT_LIMITS
+    extra_engine_args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        optional = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens}
+        return engine_args(
+            self.model,
+            max_model_len=self.max_model_len,
+            tensor_parallel_size=self.tensor_parallel_size,
+            data_parallel_size=self.data_parallel_size,
+            served_model_name=self.served_model_name,
+            **{k: v for k, v in optional.items() if v is not None},
+            **self.extra_engine_args,
+        )
+
+
+class EngineBackend:
+    """Owns the async engine; `score` turns one request body into a response body."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        from transformers import AutoTokenizer
+
+        self.config = config
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model)
+        self._tokenizer_lock = threading.Lock()
+        self._ids = itertools.count()
+        self.engine: Any = None
+        self.ready = False
+
+    def start(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.config.engine_kwargs()))
+
+    @property
+    def dead(self) -> bool:
+        return self.engine is not None and bool(self.engine.errored)
+
+    def prepare(self, body: Any) -> tuple[ClefRequest, Encoding]:
+        request = parse_request(body, self.config.limits)
+        if request.has_media:
+            raise RequestError("images and videos are not supported by this server yet", "images")
+        with self._tokenizer_lock:
+            encoding = encode_request(request, self.tokenizer, max_length=self.config.max_model_len)
+        return request, encoding
+
+    async def score(self, body: Any) -> dict[str, Any]:
+        request, encoding = await asyncio.to_thread(self.prepare, body)
+        logits = await self._logits(encoding)
+        response = response_from_logits(request, logits, encoding.num_tokens)
+        return response
+
+    async def _logits(self, encoding: Encoding) -> torch.Tensor:
+        from vllm import PoolingParams, TokensPrompt
+
+        request_id = f"clef-{next(self._ids)}"
+        params = PoolingParams(
+            task="token_classify", use_activation=False, extra_kwargs={SCHEMA_KEY: pooling_schema(encoding)}
+        )
+        finished = False
+        output = None
+        try:
+            async for output in self.engine.encode(
+                TokensPrompt(prompt_token_ids=encoding.input_ids), params, request_id
+            ):
+                pass
+            finished = True
+        finally:
+            if not finished:
+                await self.engine.abort(request_id)
+        if output is None:
+            raise RuntimeError("the engine returned no output")
+        return output.outputs.data.float().cpu()
+
+    async def warm_up(self) -> None:
+        """One real request through every stage, so the first client does not pay for lazy setup."""
+        await self.score(
+            {
+                "model": self.config.model_name,
+                "state": "warm-up",
+                "questions": {"ready": {"type": "noul"}},
+            }
+        )
+        self.ready = True
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()

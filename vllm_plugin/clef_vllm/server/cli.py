@@ -1,0 +1,60 @@
+"""`clef-systemone --model DIR`: serve a Clef-Flash folder behind `POST /v1/systemone`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH
+
+API_KEY_ENV = "CLEF_SYSTEMONE_API_KEY"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="clef-systemone",
+        description="Serve a Clef-Flash checkpoint (original or quantized) with the SystemOne API.",
+        epilog="Example: clef-systemone --model artifacts/tiny --port 8000",
+    )
+    parser.add_argument("--model", required=True, help="release folder or Hub id")
+    parser.add_argument("--served-model-name", help="name reported by /v1/models (default: --model)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (or set {API_KEY_ENV})")
+    parser.add_argument("--max-body-mb", type=float, default=13.0, help="larger bodies get 413")
+    parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_LENGTH)
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
+    parser.add_argument("--dp", type=int, default=1, help="data parallel engines (one per GPU), one port")
+    parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--max-num-batched-tokens", type=int)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    import uvicorn
+
+    from clef_vllm.server.app import create_app
+    from clef_vllm.server.backend import EngineBackend, ServeConfig
+
+    config = ServeConfig(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        max_model_len=args.max_model_len,
+        tensor_parallel_size=args.tp,
+        data_parallel_size=args.dp,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    if not os.path.isdir(config.model) and config.model.count("/") != 1:
+        sys.exit(f"error: {config.model} is neither a folder nor a Hub id")
+    uvicorn.run(create_app(EngineBackend(config)), host=config.host, port=config.port, log_level="info")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Clef-Flash on vLLM: the Qwen3.5 model with the joint schema head as a `token_classify` pooler.
+
+Request sequence: the front end encodes a request (`clef_vllm.encoding`) and sends its token ids with the
+schema in `PoolingParams.extra_kwargs["joint_schema"]` (`clef_vllm.pooling_contract`). The engine runs the
+prompt, possibly in several chunks; each step the pooler keeps the chunk's final hidden states, and when a
+prompt is complete it runs the head on all of that step's finished prompts in one batch and returns each
+option's logit (or, by default, its probability within its question).
+
+The head's lexical features read rows of the output embedding (`lm_head`). We keep that table on the host,
+captured from the checkpoint while the weights stream by, and copy to the device only the rows the option
+tokens of a step use: under tensor parallelism `lm_head` is split across ranks, and a host table gives
+every rank the full rows without a collective in the pooler and without a second full copy on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Set
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.pooler import Pooler, PoolingParamsUpdate
+from vllm.model_executor.layers.pooler.tokwise.methods import AllPool
+from vllm.model_executor.models.config import VerifyAndUpdateConfig
+from vllm.model_executor.models.interfaces_base import default_pooling_type
+from vllm.model_executor.models.qwen3_5 import Qwen3_5ForConditionalGeneration
+from vllm.tasks import PoolingTask
+from vllm.v1.outputs import PoolerOutput
+from vllm.v1.pool.metadata import PoolingMetadata
+
+from clef_vllm.errors import CheckpointError
+from clef_vllm.head import HEAD_CONFIG, HEAD_WEIGHTS, HeadConfig, JointSchemaHead, RecordSchema, find_head_dir
+from clef_vllm.pooling_contract import parse_pooling_schema
+
+ARCHITECTURE = "ClefFlashForJointSchema"
+HEAD_PREFIX = "pooler.head."
+LEXICAL_TABLE_NAMES = ("lm_head.weight", "model.language_model.embed_tokens.weight")
+
+
+class ClefFlashConfig(VerifyAndUpdateConfig):
+    """Prefix caching would hand the pooler a prompt without the hidden states of its cached prefix."""
+
+    @staticmethod
+    def verify_and_update_config(vllm_config: VllmConfig) -> None:
+        vllm_config.cache_config.enable_prefix_caching = False
+
+
+def local_release_dir(model: str, revision: str | None) -> Path:
+    """The folder vLLM loads from, for a local path or a Hub id (only the head files are fetched)."""
+    path = Path(model)
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    patterns = [HEAD_CONFIG, HEAD_WEIGHTS, f"clef_head/{HEAD_CONFIG}", f"clef_head/{HEAD_WEIGHTS}"]
+    return Path(snapshot_download(model, revision=revision, allow_patterns=patterns))
+
+
+class JointSchemaPooler(Pooler):
+    """Accumulates each prompt's hidden states across chunks and runs the head on finished prompts.
+
+    `token_classify` answers with the head; `token_embed` returns the hidden states themselves, which lets
+    tests compare the head against vLLM's own per-token states under the same schedule.
+    """
+
+    def __init__(self, head: JointSchemaHead) -> None:
+        super().__init__()
+        self.head = head
+        self.accumulate = AllPool()
+        self.lexical_table: torch.Tensor | None = None  # [vocab, hidden] on the host
+
+    def get_supported_tasks(self) -> Set[PoolingTask]:
+        return {"token_classify", "token_embed"}
+
+    def get_pooling_updates(self, task: PoolingTask) -> PoolingParamsUpdate:
+        return PoolingParamsUpdate(requires_token_ids=task == "token_classify")
+
+    def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
+        pooled = self.accumulate(hidden_states, pooling_metadata)
+        params = pooling_metadata.pooling_params
+        outputs: list[torch.Tensor | None] = list(pooled)
+        ready: list[tuple[int, RecordSchema]] = []
+        for index, (hidden, param) in enumerate(zip(pooled, params, strict=True)):
+            if hidden is None or param.task == "token_embed":
+                continue
+            schema = parse_pooling_schema(param.extra_kwargs, hidden.shape[0])
+            if schema is None:
+                # A finished request given None would wait forever; an empty answer ends it.
+                outputs[index] = hidden.new_empty(0, dtype=torch.float32)
+                continue
+            ready.append((index, schema))
+        if ready:
+            token_ids = pooling_metadata.get_prompt_token_ids_cpu()
+            logits = self._logits(
+                [pooled[i] for i, _ in ready], [token_ids[i] for i, _ in ready], [s for _, s in ready]
+            )
+            for (index, schema), record_logits in zip(ready, logits, strict=True):
+                if params[index].use_activation is not False:
+                    record_logits = _per_question_softmax(record_logits, schema.option_counts)
+                outputs[index] = record_logits
+        return outputs
+
+    def _logits(
+        self, hidden: list[torch.Tensor], token_ids: list[torch.Tensor], schemas: list[RecordSchema]
+    ) -> list[torch.Tensor]:
+        if self.lexical_table is None:
+            raise RuntimeError("the lexical table was not captured while loading weights")
+        device = hidden[0].device
+        # Only the option tokens' rows are needed: map their ids into a compact table for this step.
+        option_positions = [_option_positions(schema) for schema in schemas]
+        used = torch.cat([ids[pos] for ids, pos in zip(token_ids, option_positions, strict=True)])
+        unique_ids, compact = torch.unique(used, return_inverse=True)
+        rows = self.lexical_table[unique_ids].to(device=device, dtype=hidden[0].dtype, non_blocking=True)
+        local_ids, start = [], 0
+        for ids, pos in zip(token_ids, option_positions, strict=True):
+            local = torch.zeros(ids.shape[0], dtype=torch.long)
+            local[pos] = compact[start : start + pos.shape[0]]
+            start += pos.shape[0]
+            local_ids.append(local.to(device, non_blocking=True))
+        logits = self.head(hidden, local_ids, schemas, rows)
+        return [record.float() for record in logits]
+
+
+def _option_positions(schema: RecordSchema) -> torch.Tensor:
+    spans = torch.tensor([span for spans in schema.option_spans for span in spans], dtype=torch.long)
+    lengths = spans[:, 1] - spans[:, 0]
+    offsets = torch.arange(int(lengths.sum())) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
+    return torch.repeat_interleave(spans[:, 0], lengths) + offsets
+
+
+def _per_question_softmax(logits: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
+    return torch.cat([chunk.softmax(dim=-1) for chunk in torch.split(logits, list(counts))])
+
+
+@default_pooling_type(tok_pooling_type="ALL")
+class ClefFlashForJointSchema(Qwen3_5ForConditionalGeneration):
+    """Qwen3.5 backbone plus the Clef joint schema head, read from `clef_head/` or the release's top level."""
+
+    is_pooling_model = True
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "model") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        model_config = vllm_config.model_config
+        self.head_dir = find_head_dir(local_release_dir(model_config.model, model_config.revision))
+        head = JointSchemaHead(HeadConfig.read(self.head_dir / HEAD_CONFIG))
+        hidden = model_config.hf_text_config.hidden_size
+        if head.config.hidden_size != hidden:
+            raise CheckpointError(
+                f"{self.head_dir / HEAD_CONFIG}: head hidden_size {head.config.hidden_size} "
+                f"does not match the backbone's {hidden}"
+            )
+        self.pooler = JointSchemaPooler(head)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        captured: dict[str, torch.Tensor] = {}
+        head_keys = set(self.pooler.head.state_dict())
+        loaded = super().load_weights(self._capture_lexical_table(weights, captured, head_keys))
+        table = next((captured[name] for name in LEXICAL_TABLE_NAMES if name in captured), None)
+        if table is None:
+            raise CheckpointError("the checkpoint has neither lm_head.weight nor the input embeddings")
+        if torch.cuda.is_available() and table.device.type == "cpu":
+            table = table.pin_memory()
+        self.pooler.lexical_table = table
+        return loaded | self._load_head()
+
+    @staticmethod
+    def _capture_lexical_table(
+        weights: Iterable[tuple[str, torch.Tensor]], captured: dict[str, torch.Tensor], head_keys: set[str]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            if name in head_keys:
+                # Without a weights index vLLM reads every *.safetensors in the folder, the release's
+                # top-level joint_head.safetensors included; the head is loaded from its own file below.
+                continue
+            if name in LEXICAL_TABLE_NAMES:
+                captured[name] = tensor.detach().to("cpu", copy=True)
+            yield name, tensor
+
+    def _load_head(self) -> set[str]:
+        path = self.head_dir / HEAD_WEIGHTS
+        state = load_file(str(path))
+        expected = dict(self.pooler.head.named_parameters())
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise CheckpointError(f"{path}: missing keys {missing}, unexpected keys {unexpected}")
+        with torch.no_grad():
+            for name, param in expected.items():
+                param.copy_(state[name].to(param.dtype))
+        return {HEAD_PREFIX + name for name in expected}

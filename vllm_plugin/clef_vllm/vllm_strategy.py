@@ -1,0 +1,123 @@
+"""`vllm serve`'s own `/v1/systemone` for Clef-Flash: a read strategy registered for our architecture.
+
+vLLM parses the request into its question objects and maps the answers; this strategy turns those
+questions back into a SystemOne request, encodes it with the Flash release's encoding (`clef_vllm.encoding`:
+default max length 16,384, media placeholders together then one newline) and reads every option's
+probability in one pooling request. vLLM's parser turns non-string instructions and descriptions into
+Python strings before we see them and caps choices at 26 options and scores at 10 levels; `clef-systemone`
+has neither limitation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vllm.entrypoints.generate.structured_decisions.question_types import Question, StructuredDecisionError
+from vllm.entrypoints.generate.structured_decisions.strategies import (
+    DecisionLimits,
+    QuestionRead,
+    ReadContext,
+    ReadStrategy,
+)
+from vllm.inputs import tokens_input
+from vllm.pooling_params import PoolingParams
+
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH, encode_request, render
+from clef_vllm.errors import RequestError
+from clef_vllm.pooling_contract import SCHEMA_KEY, pooling_schema
+from clef_vllm.request import MAX_QUESTIONS, ClefRequest, parse_request
+
+
+def _systemone_body(questions: list[Question], state: str) -> dict[str, Any]:
+    """The SystemOne request equivalent to vLLM's parsed questions."""
+    body: dict[str, Any] = {}
+    for q in questions:
+        kind = q.type.name
+        if kind == "choice":
+            criteria: Any = {o.name: o.description for o in q.options}
+        elif kind == "noul":
+            criteria = {side: o.description for side, o in zip(("true", "false"), q.options, strict=True)}
+            criteria = {side: text for side, text in criteria.items() if text is not None} or None
+        else:
+            criteria = [o.name for o in q.options]
+        body[q.id] = {"type": kind, "instructions": q.instructions, "criteria": criteria}
+    return {"model": "", "state": state, "questions": body}
+
+
+def _model_order_to_vllm_order(request: ClefRequest, probs: list[float]) -> list[list[float]]:
+    """vLLM lists a choice's options in request order; the model scores them sorted by id."""
+    per_question, offset = [], 0
+    for question in request.questions:
+        count = len(question.options)
+        by_id = {o.id: p for o, p in zip(question.options, probs[offset : offset + count], strict=True)}
+        per_question.append([by_id[option_id] for option_id in question.answer_order])
+        offset += count
+    return per_question
+
+
+class ClefFlashStrategy(ReadStrategy):
+    """One pooling read per request; the joint schema head scores every option of every question."""
+
+    task = "token_classify"
+    modalities = frozenset()  # media support lands later; vLLM answers 400 for images and videos
+
+    def __init__(self, context: ReadContext) -> None:
+        super().__init__(context)
+        self.tokenizer = context.online_renderer.renderer.get_tokenizer()
+        self.max_length = min(DEFAULT_MAX_LENGTH, context.engine_client.model_config.max_model_len)
+
+    def limits(self) -> DecisionLimits:
+        return DecisionLimits(max_questions=MAX_QUESTIONS, max_options=256)
+
+    def render_state(self, state: Any) -> str:
+        return render(state)
+
+    def num_requests(self, questions: list[Question]) -> int:
+        return 1
+
+    async def read(
+        self,
+        questions: list[Question],
+        instructions: str | None,
+        state: str,
+        *,
+        request_id: str,
+        chat_template_kwargs: dict[str, Any] | None,
+        lora_request: Any,
+        priority: int,
+        cache_salt: str | None = None,
+        trace_headers: Mapping[str, str] | None = None,
+        media: Mapping[str, Sequence[str]] | None = None,
+    ) -> list[QuestionRead]:
+        if instructions:
+            raise StructuredDecisionError("Clef reads a fixed prompt, so it takes no top-level instructions")
+        try:
+            request = parse_request(_systemone_body(questions, state))
+            encoding = encode_request(request, self.tokenizer, max_length=self.max_length)
+        except RequestError as exc:
+            raise StructuredDecisionError(exc.message) from None
+        params = PoolingParams(task="token_classify", extra_kwargs={SCHEMA_KEY: pooling_schema(encoding)})
+        result = None
+        async for result in self.context.engine_client.encode(
+            tokens_input(encoding.input_ids, cache_salt=cache_salt),
+            params,
+            f"{request_id}-0",
+            lora_request=lora_request,
+            trace_headers=trace_headers,
+            priority=priority,
+        ):
+            pass
+        if result is None or result.error is not None:
+            raise ValueError("the engine did not score the request")
+        per_question = _model_order_to_vllm_order(request, result.outputs.data.tolist())
+        return [
+            QuestionRead(
+                probs=probs,
+                label_mass=1.0,
+                argmax_is_label=True,
+                input_tokens=encoding.num_tokens if index == 0 else 0,
+                output_tokens=0,
+            )
+            for index, probs in enumerate(per_question)
+        ]
