@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from clef_vllm.answers import response_from_logits
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
 from clef_vllm.head import find_head_dir, load_head

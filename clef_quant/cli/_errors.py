@@ -10,9 +10,11 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 import typer
+
 from clef_vllm.errors import ClefError
 
 P = ParamSpec("P")
@@ -52,7 +54,7 @@ def user_errors(func: Callable[P, R]) -> Callable[P, R]:
 def read_json_file(path: str) -> object:
     """Read a JSON document from a path (or `-` for stdin), failing with one line."""
     try:
-        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise fail(f"cannot read {path}: {exc.strerror}") from None
     try:

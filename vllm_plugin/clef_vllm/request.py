@@ -115,9 +115,6 @@ def parse_request(body: object, limits: Limits = DEFAULT_LIMITS) -> ClefRequest:
         raise RequestError("request body must be a JSON object")
     if "state" not in body:
         raise RequestError("state is required", field="state")
-    if not body.get("questions"):
-        if "questions" in body and isinstance(body["questions"], dict):
-            raise RequestError("questions must be a non-empty object", field="questions")
     try:
         wire = SystemOneRequestBody.model_validate(body)
     except ValidationError as exc:

@@ -2,9 +2,9 @@
 
 Request sequence: the front end encodes a request (`clef_vllm.encoding`) and sends its token ids with the
 schema in `PoolingParams.extra_kwargs["joint_schema"]` (`clef_vllm.pooling_contract`). The engine runs the
-prompt, possibly in several chunks; each step the pooler keeps the chunk's final hidden states, and when a
-prompt is complete it runs the head on all of that step's finished prompts in one batch and returns each
-option's logit (or, by default, its probability within its question).
+prompt, possibly in several chunks; each step the pooler keeps the chunk's final hidden states, and once a
+prompt is complete it runs the head on it and returns each option's logit (or, by default, its probability
+within its question).
 
 The head's lexical features read rows of the output embedding (`lm_head`). We keep that table on the host,
 captured from the checkpoint while the weights stream by, and copy to the device only the rows the option
@@ -18,7 +18,6 @@ from collections.abc import Iterable, Iterator, Set
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.pooler import Pooler, PoolingParamsUpdate
 from vllm.model_executor.layers.pooler.tokwise.methods import AllPool
@@ -30,7 +29,15 @@ from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
 from clef_vllm.errors import CheckpointError
-from clef_vllm.head import HEAD_CONFIG, HEAD_WEIGHTS, HeadConfig, JointSchemaHead, RecordSchema, find_head_dir
+from clef_vllm.head import (
+    HEAD_CONFIG,
+    HEAD_WEIGHTS,
+    HeadConfig,
+    JointSchemaHead,
+    RecordSchema,
+    find_head_dir,
+    load_head,
+)
 from clef_vllm.pooling_contract import parse_pooling_schema
 
 ARCHITECTURE = "ClefFlashForJointSchema"
@@ -92,34 +99,26 @@ class JointSchemaPooler(Pooler):
             ready.append((index, schema))
         if ready:
             token_ids = pooling_metadata.get_prompt_token_ids_cpu()
-            logits = self._logits(
-                [pooled[i] for i, _ in ready], [token_ids[i] for i, _ in ready], [s for _, s in ready]
-            )
-            for (index, schema), record_logits in zip(ready, logits, strict=True):
+            for index, schema in ready:
+                # One prompt per head call: in bf16 a padded batch would make an answer depend on which
+                # other prompts happened to finish in the same step.
+                record_logits = self._logits(pooled[index], token_ids[index], schema)
                 if params[index].use_activation is not False:
                     record_logits = _per_question_softmax(record_logits, schema.option_counts)
                 outputs[index] = record_logits
         return outputs
 
-    def _logits(
-        self, hidden: list[torch.Tensor], token_ids: list[torch.Tensor], schemas: list[RecordSchema]
-    ) -> list[torch.Tensor]:
+    def _logits(self, hidden: torch.Tensor, token_ids: torch.Tensor, schema: RecordSchema) -> torch.Tensor:
         if self.lexical_table is None:
             raise RuntimeError("the lexical table was not captured while loading weights")
-        device = hidden[0].device
-        # Only the option tokens' rows are needed: map their ids into a compact table for this step.
-        option_positions = [_option_positions(schema) for schema in schemas]
-        used = torch.cat([ids[pos] for ids, pos in zip(token_ids, option_positions, strict=True)])
-        unique_ids, compact = torch.unique(used, return_inverse=True)
-        rows = self.lexical_table[unique_ids].to(device=device, dtype=hidden[0].dtype, non_blocking=True)
-        local_ids, start = [], 0
-        for ids, pos in zip(token_ids, option_positions, strict=True):
-            local = torch.zeros(ids.shape[0], dtype=torch.long)
-            local[pos] = compact[start : start + pos.shape[0]]
-            start += pos.shape[0]
-            local_ids.append(local.to(device, non_blocking=True))
-        logits = self.head(hidden, local_ids, schemas, rows)
-        return [record.float() for record in logits]
+        # Only the option tokens' rows are needed: map their ids into a compact table for this prompt.
+        positions = _option_positions(schema)
+        unique_ids, compact = torch.unique(token_ids[positions], return_inverse=True)
+        rows = self.lexical_table[unique_ids].to(device=hidden.device, dtype=hidden.dtype, non_blocking=True)
+        local_ids = torch.zeros(token_ids.shape[0], dtype=torch.long)
+        local_ids[positions] = compact
+        (logits,) = self.head([hidden], [local_ids.to(hidden.device, non_blocking=True)], [schema], rows)
+        return logits.float()
 
 
 def _option_positions(schema: RecordSchema) -> torch.Tensor:
@@ -178,14 +177,7 @@ class ClefFlashForJointSchema(Qwen3_5ForConditionalGeneration):
             yield name, tensor
 
     def _load_head(self) -> set[str]:
-        path = self.head_dir / HEAD_WEIGHTS
-        state = load_file(str(path))
-        expected = dict(self.pooler.head.named_parameters())
-        missing = sorted(set(expected) - set(state))
-        unexpected = sorted(set(state) - set(expected))
-        if missing or unexpected:
-            raise CheckpointError(f"{path}: missing keys {missing}, unexpected keys {unexpected}")
-        with torch.no_grad():
-            for name, param in expected.items():
-                param.copy_(state[name].to(param.dtype))
-        return {HEAD_PREFIX + name for name in expected}
+        reference = next(self.parameters())
+        loaded = load_head(self.head_dir, dtype=reference.dtype, device=reference.device)
+        self.pooler.head.load_state_dict(loaded.state_dict(), strict=True)
+        return {HEAD_PREFIX + name for name, _ in self.pooler.head.named_parameters()}

@@ -99,7 +99,7 @@ class ClefFlashStrategy(ReadStrategy):
             raise StructuredDecisionError(exc.message) from None
         params = PoolingParams(task="token_classify", extra_kwargs={SCHEMA_KEY: pooling_schema(encoding)})
         result = None
-        async for result in self.context.engine_client.encode(
+        async for update in self.context.engine_client.encode(
             tokens_input(encoding.input_ids, cache_salt=cache_salt),
             params,
             f"{request_id}-0",
@@ -107,7 +107,7 @@ class ClefFlashStrategy(ReadStrategy):
             trace_headers=trace_headers,
             priority=priority,
         ):
-            pass
+            result = update
         if result is None or result.error is not None:
             raise ValueError("the engine did not score the request")
         per_question = _model_order_to_vllm_order(request, result.outputs.data.tolist())

@@ -105,10 +105,10 @@ class EngineBackend:
         finished = False
         output = None
         try:
-            async for output in self.engine.encode(
+            async for update in self.engine.encode(
                 TokensPrompt(prompt_token_ids=encoding.input_ids), params, request_id
             ):
-                pass
+                output = update
             finished = True
         finally:
             if not finished:
