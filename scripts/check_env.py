@@ -12,7 +12,16 @@ EXPECTED = {
     "llmcompressor": "0.14.0.1",
     "compressed-tensors": "0.19.0",
 }
-IMPORTS = ["torch", "transformers", "torchvision", "vllm", "llmcompressor", "compressed_tensors", "clef_vllm", "clef_quant"]
+IMPORTS = [
+    "torch",
+    "transformers",
+    "torchvision",
+    "vllm",
+    "llmcompressor",
+    "compressed_tensors",
+    "clef_vllm",
+    "clef_quant",
+]
 
 
 def main() -> int:
@@ -23,7 +32,7 @@ def main() -> int:
         except md.PackageNotFoundError:
             problems.append(f"{dist} is not installed")
             continue
-        if not have.split("+")[0] == want:
+        if have.split("+")[0] != want:
             problems.append(f"{dist} is {have}, expected {want}")
     for name in IMPORTS:
         try:
