@@ -40,17 +40,34 @@ class ReferenceScorer:
         device: str = "cpu",
         max_length: int = DEFAULT_MAX_LENGTH,
     ) -> None:
-        from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
+        from transformers import AutoTokenizer
 
         self.folder = Path(folder)
         self.device = torch.device(device)
         self.max_length = max_length
+        self.dtype = dtype
         self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
-        self.model = Qwen3_5ForConditionalGeneration.from_pretrained(self.folder, dtype=dtype)
-        self.model.to(self.device).eval()
-        self.head = load_head(find_head_dir(self.folder), dtype=dtype, device=device).eval()
+        self.head_dir = find_head_dir(self.folder)
         self._processor: Any = None
+        self._model: Any = None
+        self._head: Any = None
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+
+    @property
+    def model(self) -> Any:
+        """The backbone, loaded on first use so that bad requests are refused before the slow part."""
+        if self._model is None:
+            from transformers import Qwen3_5ForConditionalGeneration
+
+            model = Qwen3_5ForConditionalGeneration.from_pretrained(self.folder, dtype=self.dtype)
+            self._model = model.to(self.device).eval()
+        return self._model
+
+    @property
+    def head(self) -> Any:
+        if self._head is None:
+            self._head = load_head(self.head_dir, dtype=self.dtype, device=self.device)
+        return self._head
 
     @property
     def processor(self) -> Any:
@@ -104,12 +121,13 @@ class ReferenceScorer:
         batch_size: int = 8,
         on_batch: Callable[[int], None] | None = None,
     ) -> list[ScoredRecord]:
-        """Score requests in order, `batch_size` records per forward pass."""
+        """Score requests in order, `batch_size` records per forward pass; all are encoded before any runs."""
+        encodings = [self.encode(r) for r in requests]
         scored: list[ScoredRecord] = []
         for start in range(0, len(requests), batch_size):
             batch = list(requests[start : start + batch_size])
-            encodings = [self.encode(r) for r in batch]
-            for request, encoding, logits in zip(batch, encodings, self.logits(encodings), strict=True):
+            batch_encodings = encodings[start : start + batch_size]
+            for request, encoding, logits in zip(batch, batch_encodings, self.logits(batch_encodings), strict=True):
                 logits = logits.float().cpu()
                 response = response_from_logits(request, logits, encoding.num_tokens)
                 scored.append(ScoredRecord(encoding, logits, response))

@@ -33,6 +33,11 @@ def score(
         raise fail(f"--dtype must be bfloat16 or float32, not {dtype}")
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise fail(f"--device must be cpu or cuda, not {device}")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise fail("--device cuda was given, but no CUDA device is available", "use --device cpu")
     request = parse_request(read_json_file(request_file))
     folder = resolve_release(model, revision)
     scorer = ReferenceScorer(folder, dtype=DTYPES[dtype], device=device, max_length=max_length)

@@ -143,7 +143,9 @@ def _question(qid: str, body: QuestionBody, limits: Limits) -> Question:
     criteria = body.criteria
     if qtype is QuestionType.NOUL:
         if criteria is not None and not isinstance(criteria, dict):
-            raise RequestError(f'question "{qid}": noul criteria must be an object with true/false', where)
+            raise RequestError(
+                f'question "{qid}": noul criteria must be an object with true/false', f"{where}.criteria"
+            )
         overrides = criteria or {}
         options = tuple(Option(key, overrides.get(key, default)) for key, default in NOUL_DEFAULTS.items())
         return Question(qid, qtype, body.instructions, options, ("true", "false"))
@@ -191,9 +193,11 @@ def _from_validation_error(exc: ValidationError) -> RequestError:
     # pydantic appends union member names to the location; keep only the path into the body.
     field = ".".join(loc)
     message = error["msg"]
+    if len(loc) >= 2 and loc[0] == "questions":
+        qid, inner = loc[1], ".".join(loc[2:]) or "question"
+        if error["type"] == "missing":
+            return RequestError(f'question "{qid}": {inner} is required', field)
+        return RequestError(f'question "{qid}": {inner}: {message}', field)
     if error["type"] == "missing":
         return RequestError(f"{field} is required", field)
-    if len(loc) >= 2 and loc[0] == "questions":
-        qid = loc[1]
-        return RequestError(f'question "{qid}": {".".join(loc[2:]) or "question"}: {message}', field)
     return RequestError(f"{field}: {message}", field)

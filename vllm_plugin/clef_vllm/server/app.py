@@ -62,17 +62,25 @@ async def _cancel_on_disconnect(request: Request, work: asyncio.Task[Any]) -> No
 def create_app(backend: EngineBackend, *, start_engine: bool = True) -> FastAPI:
     config = backend.config
 
+    async def start_and_warm_up() -> None:
+        # The engine starts in a thread so that the server answers /health (503) while it loads.
+        try:
+            await asyncio.to_thread(backend.start)
+            await backend.warm_up()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("the engine failed to start")
+            backend.failed = True
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        warm_up: asyncio.Task[None] | None = None
-        if start_engine:
-            backend.start()
-            warm_up = asyncio.create_task(backend.warm_up())
+        startup = asyncio.create_task(start_and_warm_up()) if start_engine else None
         try:
             yield
         finally:
-            if warm_up is not None:
-                warm_up.cancel()
+            if startup is not None:
+                startup.cancel()
             backend.shutdown()
 
     app = FastAPI(

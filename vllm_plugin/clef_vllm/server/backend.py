@@ -70,6 +70,7 @@ class EngineBackend:
         self._ids = itertools.count()
         self.engine: Any = None
         self.ready = False
+        self.failed = False
 
     def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -79,7 +80,7 @@ class EngineBackend:
 
     @property
     def dead(self) -> bool:
-        return self.engine is not None and bool(self.engine.errored)
+        return self.failed or (self.engine is not None and bool(self.engine.errored))
 
     def prepare(self, body: Any) -> tuple[ClefRequest, Encoding]:
         request = parse_request(body, self.config.limits)

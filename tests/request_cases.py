@@ -1,0 +1,43 @@
+"""Varied SystemOne requests for engine tests: every question type, short and long states, many questions."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+WORDS = (
+    "account card payment refund transfer balance limit fee travel abroad pin blocked cash machine "
+    "delivery order delayed parcel address weather storm river mountain forest science energy atom "
+    "history empire treaty music rhythm melody garden soil water light cell protein market price"
+).split()
+
+
+def sentence(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "."
+
+
+def varied_requests(count: int = 24, seed: int = 0) -> list[dict[str, Any]]:
+    """Deterministic requests: choice, noul and score questions, 1-12 questions, states up to ~1,500 tokens."""
+    rng = random.Random(seed)
+    requests = []
+    for index in range(count):
+        state_words = rng.choice([3, 20, 80, 400, 900])
+        state: Any = sentence(rng, state_words)
+        if index % 4 == 1:
+            state = {"ticket": index, "text": state, "tags": [rng.choice(WORDS) for _ in range(3)]}
+        questions: dict[str, Any] = {}
+        for q in range(rng.choice([1, 1, 2, 3, 5, 12])):
+            kind = ("choice", "noul", "score")[(index + q) % 3]
+            if kind == "choice":
+                options = rng.sample(WORDS, rng.choice([2, 3, 4, 7]))
+                criteria: Any = {name: sentence(rng, 4) for name in options}
+            elif kind == "score":
+                criteria = [sentence(rng, 2) for _ in range(rng.choice([3, 5]))]
+            else:
+                criteria = {"true": "Yes, it is.", "false": "No, it is not."} if q % 2 else None
+            question: dict[str, Any] = {"type": kind, "instructions": sentence(rng, 6)}
+            if criteria is not None:
+                question["criteria"] = criteria
+            questions[f"q{q}"] = question
+        requests.append({"model": "clef", "id": f"r{index}", "state": state, "questions": questions})
+    return requests

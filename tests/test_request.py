@@ -1,0 +1,374 @@
+"""Request validation (clef-format.md "A request", plus server limits) and answer mapping ("The answer")."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+
+from clef_vllm.answers import build_response
+from clef_vllm.errors import RequestError
+from clef_vllm.request import Limits, QuestionType, parse_request
+
+
+def body(questions=None, **overrides):
+    request = {
+        "model": "clef-test",
+        "state": {"text": "hi"},
+        "questions": questions or {"q1": {"type": "noul"}},
+    }
+    request.update(overrides)
+    return request
+
+
+def without(key):
+    request = body()
+    del request[key]
+    return request
+
+
+def choice(n, qid="q1"):
+    return {qid: {"type": "choice", "criteria": {f"o{i}": f"option {i}" for i in range(n)}}}
+
+
+def score(n, qid="q1"):
+    return {qid: {"type": "score", "criteria": [f"level {i}" for i in range(n)]}}
+
+
+LONG_ID = "x" * 101
+
+# (request body, text the message must contain, field)
+BAD_REQUESTS = [
+    pytest.param([1, 2], ["JSON object"], None, id="not-a-dict-list"),
+    pytest.param("text", ["JSON object"], None, id="not-a-dict-string"),
+    pytest.param(None, ["JSON object"], None, id="not-a-dict-null"),
+    pytest.param(without("model"), ["model", "required"], "model", id="missing-model"),
+    pytest.param(body(model=5), ["model"], "model", id="model-not-a-string"),
+    pytest.param(body(model=None), ["model"], "model", id="model-null"),
+    pytest.param(without("state"), ["state", "required"], "state", id="missing-state"),
+    pytest.param(without("questions"), ["questions"], "questions", id="missing-questions"),
+    pytest.param(body() | {"questions": {}}, ["questions", "non-empty"], "questions", id="empty-questions"),
+    pytest.param(body() | {"questions": []}, ["questions"], "questions", id="questions-a-list"),
+    pytest.param(body({"q1": {"type": "yesno"}}), ['"q1"', "type"], "questions.q1.type", id="unknown-type"),
+    pytest.param(body({"q1": {}}), ["q1", "type"], "questions.q1.type", id="missing-type"),
+    pytest.param(body({"q1": "noul"}), ['"q1"'], "questions.q1", id="question-not-an-object"),
+    pytest.param(
+        body({"q1": {"type": "choice"}}),
+        ['"q1"', "criteria"],
+        "questions.q1.criteria",
+        id="choice-no-criteria",
+    ),
+    pytest.param(
+        body({"q1": {"type": "choice", "criteria": {}}}),
+        ['"q1"', "criteria"],
+        "questions.q1.criteria",
+        id="choice-empty-criteria",
+    ),
+    pytest.param(
+        body({"q1": {"type": "choice", "criteria": ["a", "b"]}}),
+        ['"q1"', "object"],
+        "questions.q1.criteria",
+        id="choice-criteria-list",
+    ),
+    pytest.param(
+        body({"q1": {"type": "score"}}), ['"q1"', "criteria"], "questions.q1.criteria", id="score-no-criteria"
+    ),
+    pytest.param(
+        body({"q1": {"type": "score", "criteria": {"0": "low", "1": "high"}}}),
+        ['"q1"', "list"],
+        "questions.q1.criteria",
+        id="score-criteria-dict",
+    ),
+    pytest.param(
+        body({"q1": {"type": "noul", "criteria": ["yes", "no"]}}),
+        ['"q1"', "noul"],
+        "questions.q1.criteria",
+        id="noul-criteria-list",
+    ),
+    pytest.param(body(choice(1)), ['"q1"', "at least 2", "got 1"], "questions.q1.criteria", id="choice-1-option"),
+    pytest.param(body(score(1)), ['"q1"', "at least 2", "got 1"], "questions.q1.criteria", id="score-1-level"),
+    pytest.param(body(choice(257)), ['"q1"', "257", "256"], "questions.q1.criteria", id="choice-257-options"),
+    pytest.param(body(score(257)), ['"q1"', "257", "256"], "questions.q1.criteria", id="score-257-levels"),
+    pytest.param(
+        body({f"q{i}": {"type": "noul"} for i in range(65)}),
+        ["questions", "65", "64"],
+        "questions",
+        id="65-questions",
+    ),
+    pytest.param(body({"": {"type": "noul"}}), ["question id", "non-empty"], "questions.", id="empty-question-id"),
+    pytest.param(
+        body({LONG_ID: {"type": "noul"}}),
+        ["question id", "xxxxx", "100 characters"],
+        f"questions.{LONG_ID}",
+        id="101-char-question-id",
+    ),
+    pytest.param(
+        body({"q1": {"type": "choice", "criteria": {LONG_ID: "a", "b": "b"}}}),
+        ['"q1"', "option id", "100 characters"],
+        "questions.q1.criteria",
+        id="101-char-option-id",
+    ),
+    pytest.param(
+        body({"q1": {"type": "choice", "criteria": {"": "a", "b": "b"}}}),
+        ['"q1"', "option id", "non-empty"],
+        "questions.q1.criteria",
+        id="empty-option-id",
+    ),
+    pytest.param(body(images="abc"), ["images"], "images", id="images-not-a-list"),
+    pytest.param(body(images=[123]), ["images"], "images.0", id="image-not-a-string"),
+    pytest.param(body(videos=["abc"]), ["videos"], "videos.0", id="video-not-a-list-of-frames"),
+]
+
+
+@pytest.mark.parametrize(("request_body", "needles", "field"), BAD_REQUESTS)
+def test_bad_requests_are_refused_naming_the_field(request_body, needles, field):
+    with pytest.raises(RequestError) as info:
+        parse_request(request_body)
+    error = info.value
+    for needle in needles:
+        assert needle in error.message
+    assert error.field == field
+    assert str(error) == error.message
+    assert "\n" not in error.message
+    assert len(error.message) < 300
+
+
+def png_base64() -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), (10, 20, 30)).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def processor(tiny_dir):
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(tiny_dir)
+
+
+@pytest.mark.parametrize(
+    ("media", "where", "needle"),
+    [
+        pytest.param({"images": ["not base64 !!"]}, "images[0]", "base64", id="bad-base64"),
+        pytest.param({"images": ["data:image/png;base64,@@@@"]}, "images[0]", "base64", id="bad-data-url"),
+        pytest.param({"images": [base64.b64encode(b"hello").decode()]}, "images[0]", "image", id="not-an-image"),
+        pytest.param({"images": ["PNG", "B"]}, "images[0]", "base64", id="first-of-two"),
+        pytest.param({"videos": [["!!"]]}, "videos[0][0]", "base64", id="bad-video-frame"),
+    ],
+)
+def test_bad_image_data_is_a_request_error(tokenizer, processor, media, where, needle):
+    """parse_request keeps media as strings; decoding them (before the model runs) refuses bad data."""
+    from clef_vllm.encoding import encode_request
+
+    if "images" in media and len(media["images"]) == 2:
+        media = {"images": [media["images"][0], png_base64()]}
+    request = parse_request(body(**media))
+    with pytest.raises(RequestError) as info:
+        encode_request(request, tokenizer, processor=processor)
+    assert where in info.value.message
+    assert needle in info.value.message
+    assert info.value.field == where
+    assert "\n" not in info.value.message
+
+
+# --- valid edge cases --------------------------------------------------------------------------------------
+
+
+def test_64_questions_are_accepted_in_request_order():
+    ids = [f"q{i}" for i in reversed(range(64))]
+    request = parse_request(body({qid: {"type": "noul"} for qid in ids}))
+    assert [q.id for q in request.questions] == ids
+
+
+def test_256_options_are_accepted_and_sorted_by_string():
+    request = parse_request(body({"c": {"type": "choice", "criteria": {str(i): i for i in range(256)}}}))
+    (question,) = request.questions
+    assert question.type is QuestionType.CHOICE
+    assert [o.id for o in question.options] == sorted(str(i) for i in range(256))
+    assert list(question.answer_order) == [str(i) for i in range(256)]
+    assert all(o.description == int(o.id) for o in question.options)
+
+
+def test_256_levels_are_accepted():
+    request = parse_request(body(score(256, "s")))
+    (question,) = request.questions
+    assert question.type is QuestionType.SCORE
+    assert [o.id for o in question.options] == [str(i) for i in range(256)]
+    assert [o.description for o in question.options] == [f"level {i}" for i in range(256)]
+
+
+def test_two_options_and_100_char_ids_are_accepted():
+    qid, oid = "q" * 100, "o" * 100
+    request = parse_request(body({qid: {"type": "choice", "criteria": {oid: "a", "b": None}}}))
+    assert request.questions[0].id == qid
+    assert [o.id for o in request.questions[0].options] == ["b", oid]
+
+
+@pytest.mark.parametrize("state", [None, "", 0, [], {}, "text", {"nested": {"deep": [1, None]}}])
+def test_any_json_state_is_accepted(state):
+    request = parse_request(body(state=state))
+    assert request.state == state
+    assert type(request.state) is type(state)
+
+
+def test_noul_defaults_overrides_and_extra_keys():
+    request = parse_request(
+        body({"n": {"type": "noul", "criteria": {"extra": "ignored", "false": "No!"}}, "d": {"type": "noul"}})
+    )
+    overridden, default = request.questions
+    assert [(o.id, o.description) for o in overridden.options] == [
+        ("true", "The proposition is true or the answer is yes."),
+        ("false", "No!"),
+    ]
+    assert [(o.id, o.description) for o in default.options] == [
+        ("true", "The proposition is true or the answer is yes."),
+        ("false", "The proposition is false or the answer is no."),
+    ]
+
+
+def test_extra_top_level_keys_and_media_are_kept():
+    request = parse_request(body(id=5, images=["a"], videos=[["b", "c"]], temperature=0))
+    assert request.record_id == "5"
+    assert request.images == ("a",)
+    assert request.videos == (("b", "c"),)
+    assert request.has_media
+
+
+def test_custom_limits():
+    limits = Limits(max_questions=2, max_choice_options=3, max_score_levels=3, max_id_length=5)
+    parse_request(body({"a": {"type": "noul"}, "b": {"type": "noul"}}), limits)
+    with pytest.raises(RequestError, match="too many questions: 3"):
+        parse_request(body({"a": {"type": "noul"}, "b": {"type": "noul"}, "c": {"type": "noul"}}), limits)
+    with pytest.raises(RequestError, match="too many options: 4"):
+        parse_request(body(choice(4)), limits)
+    with pytest.raises(RequestError, match="too many levels: 4"):
+        parse_request(body(score(4)), limits)
+    with pytest.raises(RequestError, match="longer than 5 characters"):
+        parse_request(body({"sixsix": {"type": "noul"}}), limits)
+
+
+# --- the answer --------------------------------------------------------------------------------------------
+
+
+def respond(questions, probabilities, input_tokens=321):
+    return build_response(parse_request(body(questions)), probabilities, input_tokens)
+
+
+def test_response_shape_and_usage():
+    response = respond({"b": {"type": "noul"}, "a": {"type": "noul"}}, [[0.5, 0.5], [0.25, 0.75]], input_tokens=77)
+    assert response == {
+        "model": "clef-test",
+        "answers": {"b": {"type": "noul", "noul": 0.5}, "a": {"type": "noul", "noul": 0.25}},
+        "usage": {"input_tokens": 77, "output_tokens": 0},
+    }
+    assert list(response["answers"]) == ["b", "a"]  # request order
+
+
+@pytest.mark.parametrize(
+    ("p_true", "noul"),
+    [(0.123456, 0.1235), (0.99996, 1.0), (0.00004, 0.0), (1 / 3, 0.3333), (2 / 3, 0.6667), (0.5, 0.5)],
+)
+def test_noul_is_p_true_rounded(p_true, noul):
+    response = respond({"q": {"type": "noul", "criteria": {"false": "swapped?"}}}, [[p_true, 1 - p_true]])
+    assert response["answers"]["q"] == {"type": "noul", "noul": noul}
+
+
+CHOICE = {"c": {"type": "choice", "criteria": {"b": "bee", "a": "ay", "10": "ten", "2": "two"}}}
+# model order (sorted by string): "10", "2", "a", "b"
+
+
+def test_choice_probabilities_in_request_criteria_order():
+    answer = respond(CHOICE, [[0.1, 0.2, 0.3, 0.4]])["answers"]["c"]
+    assert answer == {
+        "type": "choice",
+        "choice": "b",
+        "confidence": 0.4,
+        "probabilities": {"b": 0.4, "a": 0.3, "10": 0.1, "2": 0.2},
+    }
+    assert list(answer["probabilities"]) == ["b", "a", "10", "2"]
+
+
+def test_choice_rounds_to_4_decimals():
+    answer = respond(CHOICE, [[0.123456, 0.000044, 0.2500049, 0.6264951]])["answers"]["c"]
+    assert answer["probabilities"] == {"b": 0.6265, "a": 0.25, "10": 0.1235, "2": 0.0}
+    assert answer["choice"] == "b"
+    assert answer["confidence"] == 0.6265
+
+
+def test_choice_tie_goes_to_the_first_in_request_order():
+    # "10" comes first in model order, but "a" comes first in the request's criteria order.
+    answer = respond(CHOICE, [[0.4, 0.1, 0.4, 0.1]])["answers"]["c"]
+    assert answer["choice"] == "a"
+    assert answer["confidence"] == 0.4
+    # all equal: the request's first option
+    assert respond(CHOICE, [[0.25] * 4])["answers"]["c"]["choice"] == "b"
+
+
+def test_choice_tie_is_decided_on_unrounded_probabilities():
+    # "10" is really higher; rounding makes them look equal.
+    answer = respond(CHOICE, [[0.40004, 0.1, 0.39996, 0.1]])["answers"]["c"]
+    assert answer["choice"] == "10"
+    assert answer["probabilities"]["10"] == answer["probabilities"]["a"] == 0.4
+
+
+def test_score_expectation_confidence_and_legend():
+    questions = {"s": {"type": "score", "criteria": ["low", "mid", "high"]}}
+    answer = respond(questions, [[0.123456, 0.234567, 0.641977]])["answers"]["s"]
+    # 0 * 0.123456 + 1 * 0.234567 + 2 * 0.641977 = 1.518521
+    assert answer == {
+        "type": "score",
+        "score": 1.5185,
+        "confidence": 0.642,
+        "legend": {"0": "low", "1": "mid", "2": "high"},
+        "probabilities": {"0": 0.1235, "1": 0.2346, "2": 0.642},
+    }
+    assert list(answer["legend"]) == ["0", "1", "2"]
+
+
+def test_score_with_non_string_levels_and_ties():
+    levels = [{"label": "none"}, 1, None, True]
+    answer = respond({"s": {"type": "score", "criteria": levels}}, [[0.3, 0.3, 0.1, 0.3]])["answers"]["s"]
+    # 0 * 0.3 + 1 * 0.3 + 2 * 0.1 + 3 * 0.3 = 1.4
+    assert answer["score"] == 1.4
+    assert answer["confidence"] == 0.3
+    assert answer["legend"] == {"0": {"label": "none"}, "1": 1, "2": None, "3": True}
+
+
+def test_score_with_12_levels_uses_level_numbers_not_string_order():
+    probabilities = [0.0] * 12
+    probabilities[10] = 1.0
+    answer = respond(score(12, "s"), [probabilities])["answers"]["s"]
+    assert answer["score"] == 10.0
+    assert list(answer["probabilities"]) == [str(i) for i in range(12)]
+    assert answer["probabilities"]["10"] == 1.0
+
+
+def test_mixed_questions_in_one_response():
+    questions = {
+        "s": {"type": "score", "criteria": ["a", "b"]},
+        "n": {"type": "noul"},
+        "c": {"type": "choice", "criteria": {"y": "yes", "n": "no"}},  # model order n, y
+    }
+    response = respond(questions, [[0.25, 0.75], [0.9, 0.1], [0.7, 0.3]], input_tokens=5)
+    assert response["answers"] == {
+        "s": {
+            "type": "score",
+            "score": 0.75,
+            "confidence": 0.75,
+            "legend": {"0": "a", "1": "b"},
+            "probabilities": {"0": 0.25, "1": 0.75},
+        },
+        "n": {"type": "noul", "noul": 0.9},
+        "c": {"type": "choice", "choice": "n", "confidence": 0.7, "probabilities": {"y": 0.3, "n": 0.7}},
+    }
+    assert response["usage"] == {"input_tokens": 5, "output_tokens": 0}
