@@ -1,0 +1,67 @@
+"""Fixtures shared by the whole suite."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random-weight tiny Clef release (seed 0), built once per test session (~3 s). Treat it as read-only."""
+    from clef_quant.tiny import make_tiny
+
+    return make_tiny(tmp_path_factory.mktemp("release") / "tiny", size="tiny", seed=0)
+
+
+# -- quantized tiny releases (clef-quant quantize); shared by the quantize, vLLM plugin and eval tests ----------
+
+QUANTIZE_TEST_RECORDS = 4  # drawn from the shipped eval/calibration/default.jsonl (NVFP4 family only)
+
+
+@pytest.fixture(scope="session")
+def quantized_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """`quantized_dir(scheme) -> Path`: `tiny_dir` quantized by clef-quant with `scheme` (fp8-dynamic, nvfp4,
+    nvfp4-hybrid, nvfp4a16), built on first use and then shared by the whole session. Treat it as read-only."""
+    from clef_quant.quantize.run import QuantizeConfig, quantize
+
+    root = tmp_path_factory.mktemp("quantized")
+    built: dict[str, Path] = {}
+
+    def get(scheme: str) -> Path:
+        if scheme not in built:
+            config = QuantizeConfig(
+                source=str(tiny_dir), out=root / scheme, scheme=scheme, calibration_records=QUANTIZE_TEST_RECORDS
+            )
+            built[scheme] = quantize(config).out
+        return built[scheme]
+
+    return get
+
+
+# vLLM engines run in the test process: start in seconds instead of ~20 s, and schedule an offline
+# batch deterministically. Server tests start their own processes with their own environment.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+ENGINE_MAX_MODEL_LEN = 4096
+
+
+@pytest.fixture(scope="session")
+def clef_engine():
+    """Factory for `ClefEngine`s, each started once per session and shared by every test that asks for it."""
+    from clef_vllm.engine import ClefEngine
+
+    engines: dict[tuple[str, str], ClefEngine] = {}
+
+    def get(model: Path, **engine_kwargs) -> ClefEngine:
+        key = (str(model), repr(sorted(engine_kwargs.items())))
+        if key not in engines:
+            engines[key] = ClefEngine(
+                model, max_model_len=ENGINE_MAX_MODEL_LEN, enforce_eager=True, **engine_kwargs
+            )
+        return engines[key]
+
+    return get
