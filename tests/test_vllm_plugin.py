@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from clef_vllm.encoding import Encoding
-from clef_vllm.head import find_head_dir, load_head
-from clef_vllm.request import parse_request
 from safetensors.torch import load_file
 
 from clef_quant.reference import ReferenceScorer
+from clef_vllm.encoding import Encoding
+from clef_vllm.head import find_head_dir, load_head
+from clef_vllm.request import parse_request
 from tests.request_cases import varied_requests
 
 # Measured on the tiny checkpoint (24 requests, 60 questions, bf16 on both sides): top-1 agreement 0.959

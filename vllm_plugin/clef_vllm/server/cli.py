@@ -28,6 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dp", type=int, default=1, help="data parallel engines (one per GPU), one port")
     parser.add_argument("--max-num-seqs", type=int)
     parser.add_argument("--max-num-batched-tokens", type=int)
+    parser.add_argument("--enforce-eager", action="store_true", help="skip graph capture and compilation")
     return parser.parse_args(argv)
 
 
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         data_parallel_size=args.dp,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        extra_engine_args={"enforce_eager": True} if args.enforce_eager else {},
     )
     if not os.path.isdir(config.model) and config.model.count("/") != 1:
         sys.exit(f"error: {config.model} is neither a folder nor a Hub id")

@@ -1,0 +1,1 @@
+"""Benchmarks: library functions that measure and return results; the CLI renders and writes them."""

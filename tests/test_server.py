@@ -1,0 +1,166 @@
+"""`clef-systemone` and `vllm serve` as real processes on loopback, on the tiny checkpoint."""
+
+from __future__ import annotations
+
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.request_cases import varied_requests
+from tests.servers import free_port, python_command, running
+
+pytestmark = pytest.mark.slow
+
+API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+ENGINE_FLAGS = ["--max-model-len", "4096", "--enforce-eager", "--max-num-batched-tokens", "65536"]
+
+
+@pytest.fixture(scope="module")
+def systemone(tiny_dir, tmp_path_factory):
+    port = free_port()
+    script = str(Path(sys.executable).parent / "clef-systemone")
+    command = [script, "--model", str(tiny_dir), "--port", str(port), "--api-key", API_KEY, *ENGINE_FLAGS]
+    with running(command, port, tmp_path_factory.mktemp("logs") / "systemone.log") as statuses:
+        yield f"http://127.0.0.1:{port}", statuses
+
+
+def post(url: str, body, headers=AUTH, **kwargs) -> httpx.Response:
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    headers = {"Content-Type": "application/json", **headers}
+    return httpx.post(f"{url}/v1/systemone", content=content, headers=headers, timeout=120, **kwargs)
+
+
+def test_health_is_503_until_warmed_up(systemone):
+    _, statuses = systemone
+    assert statuses[-1] == 200
+    assert 503 in statuses, f"the server answered {statuses} while starting"
+
+
+def test_concurrent_clients_get_the_sequential_answers(systemone):
+    url, _ = systemone
+    bodies = varied_requests(16, seed=3)
+    sequential = [post(url, body) for body in bodies]
+    assert [r.status_code for r in sequential] == [200] * len(bodies)
+    expected = [r.json() for r in sequential]
+
+    def client(index: int) -> list[tuple[int, int, dict]]:
+        results = []
+        for round_ in range(5):
+            body_index = (index + round_) % len(bodies)
+            response = post(url, bodies[body_index])
+            results.append((body_index, response.status_code, response.json()))
+        return results
+
+    with ThreadPoolExecutor(16) as pool:
+        outcomes = [item for results in pool.map(client, range(16)) for item in results]
+    assert len(outcomes) == 80
+    for body_index, status, answer in outcomes:
+        assert status == 200
+        assert answer == expected[body_index]
+
+
+BAD_REQUESTS = [
+    pytest.param(b"{not json", 400, "JSON", id="invalid-json"),
+    pytest.param({"model": "m", "questions": {"a": {"type": "noul"}}}, 400, "state", id="missing-state"),
+    pytest.param({"model": "m", "state": 1, "questions": {}}, 400, "questions", id="no-questions"),
+    pytest.param(
+        {"model": "m", "state": 1, "questions": {"a": {"type": "choice", "criteria": {"x": 1}}}},
+        400,
+        '"a"',
+        id="one-option",
+    ),
+    pytest.param(
+        {"model": "m", "state": 1, "questions": {f"q{i}": {"type": "noul"} for i in range(65)}},
+        400,
+        "too many questions",
+        id="65-questions",
+    ),
+    pytest.param(
+        {"model": "m", "state": 1, "images": ["aGVsbG8="], "questions": {"a": {"type": "noul"}}},
+        400,
+        "images",
+        id="image",
+    ),
+    pytest.param(
+        {"model": "m", "state": "word " * 5000, "questions": {"a": {"type": "choice", "criteria": {
+            f"o{i}": "option " * 40 for i in range(100)}}}},
+        400,
+        "schema requires",
+        id="schema-too-long",
+    ),
+    pytest.param(b'{"model": "m", "state": "' + b"x" * (14 * 1024 * 1024) + b'"}', 413, "exceeds", id="too-large"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "needle"), BAD_REQUESTS)
+def test_bad_input_gets_its_4xx_and_the_server_stays_healthy(systemone, body, status, needle):
+    url, _ = systemone
+    response = post(url, body)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert needle in error["message"]
+    assert error["type"] in {"invalid_request_error", "request_too_large"}
+    assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_api_key_is_required(systemone):
+    url, _ = systemone
+    body = varied_requests(1)[0]
+    assert post(url, body, headers={}).status_code == 401
+    assert post(url, body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert post(url, body).status_code == 200
+    assert httpx.get(f"{url}/health").status_code == 200  # health stays open for load balancers
+
+
+def test_models_and_openapi(systemone, tiny_dir):
+    url, _ = systemone
+    models = httpx.get(f"{url}/v1/models", headers=AUTH).json()
+    assert models["data"][0]["id"] == str(tiny_dir)
+    spec = httpx.get(f"{url}/openapi.json").json()
+    operation = spec["paths"]["/v1/systemone"]["post"]
+    assert "questions" in json.dumps(operation["requestBody"])
+    assert {"200", "400", "401", "413"} <= set(operation["responses"])
+
+
+@pytest.fixture(scope="module")
+def vllm_serve(tiny_dir, tmp_path_factory):
+    port = free_port()
+    command = python_command(
+        "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(tiny_dir),
+        "--runner", "pooling",
+        "--hf-overrides", '{"architectures": ["ClefFlashForJointSchema"]}',
+        "--language-model-only",
+        "--served-model-name", "clef",
+        "--port", str(port),
+        *ENGINE_FLAGS,
+    )  # fmt: skip
+    with running(command, port, tmp_path_factory.mktemp("logs") / "vllm-serve.log"):
+        yield f"http://127.0.0.1:{port}"
+
+
+def test_vllm_serve_answers_like_clef_systemone(systemone, vllm_serve):
+    url, _ = systemone
+    # vLLM's parser turns JSON descriptions into Python strings and caps choices at 26 options: use text.
+    bodies = [body for body in varied_requests(12, seed=5) if isinstance(body["state"], str)]
+    for body in bodies:
+        ours = post(url, body).json()
+        theirs = post(vllm_serve, body, headers={}).json()
+        assert "usage" in theirs, theirs
+        assert theirs["usage"]["input_tokens"] == ours["usage"]["input_tokens"]
+        for qid, answer in ours["answers"].items():
+            other = theirs["answers"][qid]
+            assert other["type"] == answer["type"]
+            if answer["type"] == "noul":
+                assert round(other["noul"], 4) == answer["noul"]
+                continue
+            assert {k: round(p, 4) for k, p in other["probabilities"].items()} == answer["probabilities"]
+            if answer["type"] == "choice":
+                assert other["choice"] == answer["choice"]
+            else:
+                assert round(other["score"], 4) == answer["score"]
