@@ -5,7 +5,49 @@ from __future__ import annotations
 import random
 from typing import Any
 
-WORDS = ["account", "card", "payment", "refund", "transfer", "balance", "limit", "fee", "travel", "abroad", "pin", "blocked", "cash", "machine", "delivery", "order", "delayed", "parcel", "address", "weather", "storm", "river", "mountain", "forest", "science", "energy", "atom", "history", "empire", "treaty", "music", "rhythm", "melody", "garden", "soil", "water", "light", "cell", "protein", "market", "price"]
+WORDS = [
+    "account",
+    "card",
+    "payment",
+    "refund",
+    "transfer",
+    "balance",
+    "limit",
+    "fee",
+    "travel",
+    "abroad",
+    "pin",
+    "blocked",
+    "cash",
+    "machine",
+    "delivery",
+    "order",
+    "delayed",
+    "parcel",
+    "address",
+    "weather",
+    "storm",
+    "river",
+    "mountain",
+    "forest",
+    "science",
+    "energy",
+    "atom",
+    "history",
+    "empire",
+    "treaty",
+    "music",
+    "rhythm",
+    "melody",
+    "garden",
+    "soil",
+    "water",
+    "light",
+    "cell",
+    "protein",
+    "market",
+    "price",
+]
 
 
 def sentence(rng: random.Random, words: int) -> str:

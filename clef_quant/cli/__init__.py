@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from clef_quant.cli import bench, encode, score, tiny
+from clef_quant.cli import bench, encode, quantize, score, tiny
 
 app = typer.Typer(
     name="clef-quant",
@@ -16,6 +16,8 @@ app = typer.Typer(
 app.command("encode")(encode.encode)
 app.command("score")(score.score)
 app.command("make-tiny")(tiny.make_tiny)
+app.command("quantize")(quantize.quantize)
+app.command("inspect")(quantize.inspect_checkpoint)
 app.add_typer(bench.app, name="bench")
 
 
