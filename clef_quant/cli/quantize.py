@@ -1,0 +1,285 @@
+"""`clef-quant quantize` and `clef-quant inspect`: make a quantized release folder, and check one."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from clef_quant.cli._errors import fail, user_errors
+from clef_quant.cli._options import RevisionOption
+from clef_quant.quantize.recipes import SCHEMES
+from clef_vllm.errors import ClefError
+
+SCHEME_NAMES = tuple(SCHEMES)
+# What the underlying tools print (loguru INFO lines, tqdm bars, warnings) is hidden unless --verbose;
+# llm-compressor reads its log level when first imported, which happens inside the run.
+QUIET_ENV = {"LLM_COMPRESSOR_LOG_LEVEL": "ERROR"}
+
+
+@user_errors
+def quantize(
+    source: Annotated[str, typer.Argument(help="Release folder, or a Hub id (ORG/NAME) when the Hub is reachable.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (written as OUT.partial, then renamed).")],
+    scheme: Annotated[
+        str | None, typer.Option(help=f"One of {', '.join(SCHEME_NAMES)}; the recipe in recipes/.")
+    ] = None,
+    recipe: Annotated[
+        Path | None, typer.Option(help="An llm-compressor recipe YAML to use instead of the scheme's.")
+    ] = None,
+    calibration: Annotated[
+        Path | None, typer.Option(help="JSONL of SystemOne requests to calibrate on (NVFP4 family).")
+    ] = None,
+    calibration_records: Annotated[
+        int | None,
+        typer.Option(help="Records to draw (default 512; from --calibration, else the shipped default file)."),
+    ] = None,
+    max_seq_len: Annotated[int, typer.Option(help="Calibration length in tokens; the state is cut to fit.")] = 2048,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    overwrite: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+    revision: RevisionOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llm-compressor's own logs.")] = False,
+) -> None:
+    """Quantize a Clef release: compressed backbone, head and tokenizer unchanged, manifest with hashes.
+
+    Examples:
+      clef-quant quantize artifacts/tiny --scheme nvfp4 --calibration-records 16 --out artifacts/tiny-NVFP4
+      clef-quant quantize Cloudflare/clef-flash --scheme nvfp4 --calibration calib.jsonl --device cuda -o flash-NVFP4
+    """
+    if scheme is None and recipe is None:
+        raise fail("give --scheme or --recipe", hint=f"--scheme is one of {', '.join(SCHEME_NAMES)}")
+    if scheme is not None and scheme not in SCHEME_NAMES:
+        raise fail(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEME_NAMES)}")
+    if device != "cpu" and device != "cuda" and not device.startswith("cuda:"):
+        raise fail(f"--device must be cpu or cuda, not {device}")
+    if not verbose:
+        for key, value in QUIET_ENV.items():
+            os.environ.setdefault(key, value)
+
+    from clef_quant.quantize.errors import Interrupted
+    from clef_quant.quantize.run import QuantizeConfig
+    from clef_quant.quantize.run import quantize as run_quantize
+
+    config = QuantizeConfig(
+        source=source,
+        out=out,
+        scheme=scheme,
+        recipe_file=recipe,
+        calibration_file=calibration,
+        calibration_records=calibration_records,
+        max_seq_len=max_seq_len,
+        device=device,
+        overwrite=overwrite,
+        revision=revision,
+    )
+    console = Console(file=sys.stderr)  # bound now: the real stderr, not the capture below
+    try:
+        with _tools_output(verbose), _RichProgress(console) as progress:
+            result = run_quantize(config, progress)
+    except Interrupted as exc:
+        name = signal.Signals(exc.signum).name
+        typer.echo(f"interrupted by {name}; nothing was left behind in {out.parent}", err=True)
+        raise typer.Exit(128 + exc.signum) from None
+    _print_summary(Console(), result)
+
+
+@user_errors
+def inspect_checkpoint(
+    folder: Annotated[Path, typer.Argument(help="A quantized release folder (any compressed-tensors checkpoint).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of tables.")] = False,
+) -> None:
+    """List every Linear module with its scheme, totals by kind, and the checks; exit 1 on any violation.
+
+    Checks: keep-list bf16 (lm_head, vision tower, DeltaNet in_proj_a/b, embeddings), fused groups share one
+    scheme and global scale (in_proj_qkv+in_proj_z, q/k/v, gate/up), config matches stored tensors, manifest
+    hashes (clef_quant.json), head files in clef_head/.
+
+    Example: clef-quant inspect artifacts/tiny-NVFP4
+    """
+    if not folder.is_dir():
+        raise fail(f"{folder} is not a folder")
+    from clef_quant.quantize.inspect import inspect_checkpoint as run_inspect
+
+    report = run_inspect(folder)
+    if as_json:
+        typer.echo(json.dumps(_report_json(report), indent=2))
+    else:
+        _print_report(Console(), report)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@contextmanager
+def _tools_output(verbose: bool) -> Iterator[None]:
+    """Hold back what the tools write to Python's stderr (tqdm bars, warnings) so the rich bars stay readable.
+
+    On an unexpected failure the held-back text is printed after all: it is the context of the traceback."""
+    if verbose:
+        yield
+        return
+    held = io.StringIO()
+    real = sys.stderr
+    try:
+        with redirect_stderr(held):
+            yield
+    except (ClefError, KeyboardInterrupt, typer.Exit):
+        raise
+    except BaseException:
+        real.write(held.getvalue())
+        raise
+
+
+# -- rendering ------------------------------------------------------------------------------------------------
+
+
+class _RichProgress:
+    """The library's Progress protocol on rich bars (stderr, so stdout keeps only the summary)."""
+
+    def __init__(self, console: Console) -> None:
+        self._bars = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+            redirect_stderr=False,
+            redirect_stdout=False,
+        )
+        self._ids: dict[str, Any] = {}
+
+    def __enter__(self) -> _RichProgress:
+        self._bars.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bars.__exit__(*exc)
+
+    def start(self, task: str, total: int | None = None) -> None:
+        self._ids[task] = self._bars.add_task(task, total=total)
+
+    def advance(self, task: str, amount: int = 1) -> None:
+        if task in self._ids:
+            self._bars.advance(self._ids[task], amount)
+
+    def finish(self, task: str) -> None:
+        if task in self._ids:
+            task_id = self._ids[task]
+            total = self._bars.tasks[task_id].total
+            if total is None:
+                self._bars.update(task_id, total=1, completed=1)
+            else:
+                self._bars.update(task_id, completed=total)
+
+
+def _size(num_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if num_bytes < 1024 or unit == "GiB":
+            return f"{num_bytes:.1f} {unit}" if unit != "B" else f"{int(num_bytes)} B"
+        num_bytes /= 1024
+    return f"{num_bytes:.1f} GiB"
+
+
+def _print_summary(console: Console, result: Any) -> None:
+    from clef_quant.quantize.schemes import module_kind
+
+    table = Table(title=f"quantized: {result.out}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    ratio = result.out_bytes / result.source_bytes if result.source_bytes else 0
+    table.add_row("scheme", result.scheme)
+    table.add_row("backbone size", f"{_size(result.source_bytes)} -> {_size(result.out_bytes)} ({ratio:.0%} of bf16)")
+    stages = ", ".join(f"{k} {v:.1f}s" for k, v in result.timings.items() if k != "total")
+    table.add_row("time", f"{result.timings['total']:.1f} s ({stages})")
+    memory = f"host {_size(result.peak_host_bytes)}"
+    if result.peak_gpu_bytes is not None:
+        memory += f", GPU {_size(result.peak_gpu_bytes)}"
+    table.add_row("peak memory", memory)
+    cal = result.calibration
+    if cal.source is None:
+        table.add_row("calibration", "none (this scheme needs no data)")
+    else:
+        skipped = ", ".join(f"{n} {why}" for why, n in cal.skipped.items())
+        table.add_row(
+            "calibration",
+            f"{cal.records} records, {cal.tokens} tokens (max {cal.max_seq_len}) from {cal.source}"
+            + (f"; skipped {skipped}" if skipped else "")
+            + (f"; {cal.truncated} cut to fit" if cal.truncated else ""),
+        )
+    kinds: dict[str, int] = {}
+    for name in result.kept_bf16:
+        kinds[module_kind(name)] = kinds.get(module_kind(name), 0) + 1
+    table.add_row("stayed bf16", ", ".join(f"{kind} x{n}" for kind, n in kinds.items()) or "nothing")
+    table.add_row("quantized", f"{len(result.plan.quantized)} Linear modules")
+    for note in result.notes:
+        table.add_row("note", note)
+    console.print(table)
+    console.print(f"next: clef-quant inspect {result.out}")
+
+
+def _print_report(console: Console, report: Any) -> None:
+    modules = Table(title=f"Linear modules of {report.folder}", title_justify="left")
+    # Names are what violations cite: never cut them (the kind is in the totals below).
+    modules.add_column("module", no_wrap=True, overflow="fold")
+    for column in ("shape", "scheme", "stored"):
+        modules.add_column(column)
+    for m in report.modules:
+        style = "dim" if m.scheme == "bf16" else None
+        modules.add_row(m.name, "x".join(map(str, m.shape)), m.scheme, m.stored, style=style)
+    console.print(modules)
+
+    totals = Table(title="totals by kind", title_justify="left")
+    totals.add_column("kind")
+    totals.add_column("modules", justify="right")
+    totals.add_column("schemes")
+    totals.add_column("params", justify="right")
+    params: dict[str, int] = {}
+    for m in report.modules:
+        params[m.kind] = params.get(m.kind, 0) + m.params
+    for kind, counts in report.totals_by_kind().items():
+        schemes = ", ".join(f"{label} x{n}" for label, n in counts.items())
+        totals.add_row(kind, str(sum(counts.values())), schemes, f"{params[kind]:,}")
+    console.print(totals)
+
+    checks = Table(title="checks", title_justify="left")
+    for column in ("check", "status", "detail"):
+        checks.add_column(column)
+    colors = {"pass": "green", "fail": "red", "skipped": "yellow"}
+    for check in report.checks:
+        checks.add_row(check.name, f"[{colors[check.status]}]{check.status}[/]", check.detail)
+    console.print(checks)
+    for note in report.notes:
+        console.print(f"note: {note}")
+    for violation in report.violations:
+        console.print(f"[red]violation[/] ({violation.check}) {violation.subject}: {violation.message}", soft_wrap=True)
+    if report.violations:
+        console.print(f"[red]{len(report.violations)} violation(s)[/]")
+    else:
+        console.print("[green]all checks passed[/]")
+
+
+def _report_json(report: Any) -> dict[str, Any]:
+    return {
+        "folder": str(report.folder),
+        "ok": report.ok,
+        "modules": [
+            {"name": m.name, "kind": m.kind, "shape": list(m.shape), "scheme": m.scheme, "stored": m.stored}
+            for m in report.modules
+        ],
+        "totals_by_kind": report.totals_by_kind(),
+        "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in report.checks],
+        "violations": [{"check": v.check, "subject": v.subject, "message": v.message} for v in report.violations],
+        "notes": report.notes,
+    }

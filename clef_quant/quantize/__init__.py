@@ -1,0 +1,7 @@
+"""Quantized Clef releases: `run.quantize` makes one, `inspect.inspect_checkpoint` checks one.
+
+Modules: `recipes` (recipe YAML and its placeholders), `plan` (what a recipe does to a model, refused early when
+wrong), `fused_scales` (one global scale per qkv/z pair), `calibration` (SystemOne requests, encoded as serving
+encodes them), `manifest` (`clef_quant.json`), `schemes` (scheme names, fused groups), `benchmark` (against plain
+llm-compressor). Nothing heavy is imported here, so the CLI starts fast.
+"""

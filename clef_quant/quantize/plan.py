@@ -1,0 +1,132 @@
+"""What a recipe will do to a loaded model, checked before the slow part.
+
+llm-compressor resolves each quantization modifier to config groups (scheme + targets) and an ignore list;
+matching those against the model's Linear modules gives, per module, the scheme it will get. Two things are
+refused here, with every offending module listed at once: quantizing a module that must stay bf16 (the head
+reads `lm_head`; the vision tower and DeltaNet gates stay exact), and giving the members of a group vLLM fuses
+different schemes (one fused GEMM has one quantization method; llm-compressor itself would stop with an
+assertion midway through calibration).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from clef_quant.quantize.errors import QuantizeError
+from clef_quant.quantize.recipes import KEEP_BF16, is_kept_bf16
+from clef_quant.quantize.schemes import BF16, fused_groups_of, module_kind, scheme_label
+
+MAX_LISTED = 8
+
+
+@dataclass
+class QuantPlan:
+    """Per Linear module (model order): the scheme label it gets, `bf16` when it stays unquantized."""
+
+    schemes: dict[str, str]
+    params: dict[str, int]
+    needs_calibration: bool
+    modifiers: list[str] = field(default_factory=list)
+
+    @property
+    def quantized(self) -> list[str]:
+        return [name for name, label in self.schemes.items() if label != BF16]
+
+    @property
+    def kept_bf16(self) -> list[str]:
+        return [name for name, label in self.schemes.items() if label == BF16]
+
+    def totals_by_kind(self) -> dict[str, dict[str, int]]:
+        """kind -> {label: module count}."""
+        totals: dict[str, dict[str, int]] = {}
+        for name, label in self.schemes.items():
+            counts = totals.setdefault(module_kind(name), {})
+            counts[label] = counts.get(label, 0) + 1
+        return totals
+
+
+def parse_recipe(text: str) -> Any:
+    """llm-compressor's Recipe for a filled recipe text; a bad modifier or field is a one-line user error."""
+    from llmcompressor.recipe import Recipe
+
+    try:
+        return Recipe.create_instance(text)
+    except Exception as exc:  # pydantic and registry errors: the recipe is the user's to fix
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise QuantizeError(f"llm-compressor cannot use this recipe: {first}") from None
+
+
+def recipe_needs_calibration(recipe: Any) -> bool:
+    """Whether any modifier wants calibration data (static activation scales, GPTQ, ...)."""
+    return any(getattr(m, "requires_calibration_data", False) for m in recipe.modifiers)
+
+
+def plan_quantization(model: Any, recipe: Any) -> QuantPlan:
+    """Resolve the recipe against the model's Linear modules and refuse what must not happen."""
+    import torch
+    from compressed_tensors.utils import match_named_modules
+    from llmcompressor.modifiers.quantization import QuantizationMixin
+
+    linears = {name: module for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    schemes = dict.fromkeys(linears, BF16)
+    for modifier in recipe.modifiers:
+        if not isinstance(modifier, QuantizationMixin):
+            continue
+        config = modifier.resolved_config
+        target_to_scheme = {t: group for group in config.config_groups.values() for t in group.targets}
+        for name, _module in match_named_modules(model, list(target_to_scheme), config.ignore or []):
+            if name not in linears:
+                continue
+            # The first matching target wins, as in compressed-tensors' apply_quantization_config.
+            group = next(g for t, g in target_to_scheme.items() if _matches(name, linears[name], t))
+            schemes[name] = scheme_label(
+                group.weights.model_dump() if group.weights is not None else None,
+                group.input_activations.model_dump() if group.input_activations is not None else None,
+            )
+
+    _refuse_keep_list(schemes)
+    _refuse_split_fused_groups(schemes)
+    if not any(label != BF16 for label in schemes.values()):
+        raise QuantizeError("the recipe quantizes no Linear module of this model; check its targets")
+    return QuantPlan(
+        schemes=schemes,
+        params={name: module.weight.numel() for name, module in linears.items()},
+        needs_calibration=recipe_needs_calibration(recipe),
+        modifiers=[type(m).__name__ for m in recipe.modifiers],
+    )
+
+
+def _matches(name: str, module: Any, target: str) -> bool:
+    from compressed_tensors.utils.match import is_match
+
+    return is_match(name, module, target)
+
+
+def _listing(names: list[str]) -> str:
+    shown = ", ".join(names[:MAX_LISTED])
+    return shown + (f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else "")
+
+
+def _refuse_keep_list(schemes: dict[str, str]) -> None:
+    bad = [name for name, label in schemes.items() if label != BF16 and is_kept_bf16(name)]
+    if bad:
+        keep = ", ".join(repr(t) for t in KEEP_BF16)
+        raise QuantizeError(
+            f"the recipe quantizes {len(bad)} module(s) that must stay bf16: {_listing(bad)}; "
+            f"add these to its ignore list: {keep}"
+        )
+
+
+def _refuse_split_fused_groups(schemes: dict[str, str]) -> None:
+    bad = []
+    for parent, members in fused_groups_of(list(schemes)):
+        labels = {schemes[m] for m in members}
+        if len(labels) > 1:
+            described = "/".join(f"{m.rsplit('.', 1)[1]}={schemes[m]}" for m in members)
+            bad.append(f"{parent} ({described})")
+    if bad:
+        raise QuantizeError(
+            f"vLLM fuses these modules into one layer, so they need one scheme: {_listing(bad)}; "
+            "target or ignore the whole group together"
+        )

@@ -1,0 +1,130 @@
+"""Recipes are data: llm-compressor recipe YAML files in `recipes/`, one per scheme, plus any user file.
+
+A recipe may hold `{{ name }}` placeholders for facts that differ per checkpoint (the hybrid recipe splits the
+decoder layers in two halves). They are filled from the checkpoint's `config.json` before llm-compressor reads
+the text; the filled text is what runs and what the manifest records. Anything else is passed through as is.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from clef_quant.quantize.errors import QuantizeError
+
+# The repository's `recipes/` folder (the toolkit runs from a checkout, like `eval/`).
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+
+# Scheme name on the command line -> recipe file in RECIPES_DIR.
+SCHEMES: dict[str, str] = {
+    "fp8-dynamic": "fp8_dynamic.yaml",
+    "nvfp4": "nvfp4.yaml",
+    "nvfp4-hybrid": "nvfp4_hybrid.yaml",
+    "nvfp4a16": "nvfp4a16.yaml",
+}
+CUSTOM_SCHEME = "custom"
+
+# Modules that stay bf16 in every quantized release, in llm-compressor's target syntax (`re:` = re.match from
+# the start of the module name, otherwise an exact name). The recipes' ignore lists hold the same entries;
+# `clef-quant quantize` refuses a recipe that would quantize any of them and `inspect` checks the result.
+KEEP_BF16: tuple[str, ...] = (
+    "lm_head",  # the joint schema head reads its rows as lexical features
+    r"re:model\.visual\..*",  # the whole vision tower
+    r"re:.*linear_attn\.in_proj_[ab]$",  # DeltaNet gate projections (32 outputs each in clef-flash)
+)
+
+_PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A recipe ready for llm-compressor: where it came from, the file as written and the filled text."""
+
+    scheme: str  # a SCHEMES key, or CUSTOM_SCHEME for a user recipe
+    path: Path
+    template: str
+    text: str
+    variables: dict[str, Any]  # placeholder values used to fill it
+
+
+def matches_target(name: str, target: str) -> bool:
+    """llm-compressor's name matching: `re:` prefix = `re.match`, anything else an exact module name."""
+    if target.startswith("re:"):
+        return re.match(target[3:], name) is not None
+    return name == target
+
+
+def is_kept_bf16(name: str) -> bool:
+    """True for a Linear module that every Clef quantized release must keep in bf16."""
+    return any(matches_target(name, target) for target in KEEP_BF16)
+
+
+def num_decoder_layers(config: dict[str, Any]) -> int:
+    """Decoder layer count from a `config.json` (the text config of a vision-language checkpoint)."""
+    text = config.get("text_config") or config
+    layers = text.get("num_hidden_layers")
+    if not isinstance(layers, int) or layers < 1:
+        raise QuantizeError("config.json has no num_hidden_layers (text_config.num_hidden_layers)")
+    return layers
+
+
+def layer_variables(config: dict[str, Any]) -> dict[str, Any]:
+    """Placeholder values for a checkpoint: the layer count and the two halves as regex alternations.
+
+    An odd count puts the extra layer in the second half (the half that gets the narrower format keeps
+    the larger share, which is the conservative reading of "first half" for accuracy)."""
+    layers = num_decoder_layers(config)
+    first = layers // 2
+    return {
+        "num_layers": layers,
+        "first_half_layers": "|".join(str(i) for i in range(first)),
+        "second_half_layers": "|".join(str(i) for i in range(first, layers)),
+    }
+
+
+def fill(template: str, variables: dict[str, Any]) -> str:
+    """Replace every `{{ name }}`; an unknown name is an error naming it and the names there are."""
+    unknown = sorted({m.group(1) for m in _PLACEHOLDER.finditer(template)} - variables.keys())
+    if unknown:
+        raise QuantizeError(
+            f"recipe placeholder(s) {', '.join(unknown)} unknown; available: {', '.join(sorted(variables))}"
+        )
+    return _PLACEHOLDER.sub(lambda m: str(variables[m.group(1)]), template)
+
+
+def scheme_recipe_path(scheme: str) -> Path:
+    if scheme not in SCHEMES:
+        raise QuantizeError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    return RECIPES_DIR / SCHEMES[scheme]
+
+
+def load_recipe(scheme: str | None, recipe_file: Path | None, config: dict[str, Any]) -> Recipe:
+    """The recipe for a scheme (or a user file, which wins), filled for this checkpoint and checked as YAML."""
+    if scheme is None and recipe_file is None:
+        raise QuantizeError("give --scheme or --recipe")
+    if scheme is not None and scheme not in SCHEMES:
+        raise QuantizeError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    path = Path(recipe_file) if recipe_file is not None else scheme_recipe_path(scheme or "")
+    try:
+        template = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise QuantizeError(f"cannot read recipe {path}: {exc.strerror}") from None
+    variables = layer_variables(config)
+    text = fill(template, variables)
+    try:
+        parsed = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise QuantizeError(f"recipe {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise QuantizeError(f"recipe {path} is not an llm-compressor recipe (expected a mapping of stages)")
+    return Recipe(
+        scheme=scheme or CUSTOM_SCHEME,
+        path=path,
+        template=template,
+        text=text,
+        variables=variables,
+    )
