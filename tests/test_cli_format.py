@@ -100,7 +100,11 @@ def test_encode_prints_tokens_spans_and_their_text(runner, cli_app, tiny_dir, to
     assert out["state"] == {"tokens": len(state_ids["input_ids"]), "truncated": False, "tokens_dropped": 0}
 
     questions = out["questions"]
-    assert [(q["id"], q["type"]) for q in questions] == [("refund", 0), ("topic", 1), ("anger", 2)]
+    assert [(q["id"], q["type"], q["type_id"]) for q in questions] == [
+        ("refund", "noul", 0),
+        ("topic", "choice", 1),
+        ("anger", "score", 2),
+    ]
     assert [q["span"]["text"] for q in questions] == [
         "Does the customer ask for a refund?",
         '{"task":"topic"}',

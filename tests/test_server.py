@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.request_cases import varied_requests
+from clef_quant.bench.workload import varied_requests
 from tests.servers import free_port, python_command, running
 
 pytestmark = pytest.mark.slow

@@ -6,11 +6,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from clef_quant.bench.workload import varied_requests
 from clef_quant.reference import ReferenceScorer
 from clef_vllm.encoding import Encoding
 from clef_vllm.head import find_head_dir, load_head
 from clef_vllm.request import parse_request
-from tests.request_cases import varied_requests
 
 # Measured on the tiny checkpoint (24 requests, 60 questions, bf16 on both sides): top-1 agreement 0.959
 # and max |dp| 0.023. vLLM's CPU Gated DeltaNet runs only in bf16 and rounds differently from transformers'

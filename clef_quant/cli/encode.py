@@ -11,7 +11,7 @@ from clef_quant.cli._errors import read_json_file, user_errors
 from clef_quant.cli._options import MaxLengthOption, ModelOption, RequestArgument, RevisionOption
 from clef_quant.release import resolve_release
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
-from clef_vllm.request import parse_request
+from clef_vllm.request import QuestionType, parse_request
 
 
 @user_errors
@@ -55,7 +55,8 @@ def describe(encoding: Encoding, decode: Any) -> dict[str, Any]:
         "questions": [
             {
                 "id": qid,
-                "type": qtype,
+                "type": QuestionType(qtype).name.lower(),
+                "type_id": qtype,
                 "span": span(qspan),
                 "options": [{"id": oid, "span": span(ospan)} for oid, ospan in zip(oids, ospans, strict=True)],
             }

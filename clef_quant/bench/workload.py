@@ -1,4 +1,5 @@
-"""Varied SystemOne requests for engine tests: every question type, short and long states, many questions."""
+"""A deterministic workload of varied SystemOne requests: every question type, short and long states, many
+questions. Benchmarks and tests use it so that their numbers describe the same kind of traffic."""
 
 from __future__ import annotations
 

@@ -1,0 +1,217 @@
+"""Serving benchmark: the HTTP server against the offline engine, and the plugin against the reference.
+
+All three sides score the same requests in one run, one after another (two cores cannot host two engines
+at once without each slowing the other):
+1. the offline engine (`ClefEngine.score`, vLLM batches everything it is given) -> records/s;
+2. `clef-systemone` as a real process on loopback with the same engine options, `clients` concurrent
+   clients sending the same requests -> requests/s;
+3. the transformers reference in bf16 (batches of 8) -> records/s.
+The ratios are server / offline (the cost of HTTP, JSON and per-request scheduling) and plugin / reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from clef_quant.bench.workload import varied_requests
+
+STARTUP_SECONDS = 600
+
+
+@dataclass
+class ServeBenchResult:
+    model: str
+    records: int
+    tokens: int
+    clients: int
+    offline_records_s: float = 0.0
+    server_requests_s: float = 0.0
+    reference_records_s: float = 0.0
+    server_errors: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def server_over_offline(self) -> float:
+        return self.server_requests_s / self.offline_records_s
+
+    @property
+    def plugin_over_reference(self) -> float:
+        return self.offline_records_s / self.reference_records_s
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _offline(model: Path, bodies: list[dict[str, Any]], engine_kwargs: dict[str, Any]) -> float:
+    from clef_vllm.engine import ClefEngine
+
+    engine = ClefEngine(model, **engine_kwargs)
+    engine.score(bodies[:4])  # warm-up
+    start = time.perf_counter()
+    engine.score(bodies)
+    elapsed = time.perf_counter() - start
+    engine.close()
+    del engine
+    gc.collect()
+    return len(bodies) / elapsed
+
+
+async def _clients(url: str, bodies: list[dict[str, Any]], clients: int) -> tuple[float, int]:
+    import httpx
+
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    errors = 0
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal errors
+        while not queue.empty():
+            body = queue.get_nowait()
+            response = await http.post(f"{url}/v1/systemone", json=body, timeout=600)
+            errors += response.status_code != 200
+
+    limits = httpx.Limits(max_connections=clients)
+    async with httpx.AsyncClient(limits=limits) as http:
+        await http.post(f"{url}/v1/systemone", json=bodies[0], timeout=600)  # warm-up
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        return len(bodies) / (time.perf_counter() - start), errors
+
+
+def _server(model: Path, bodies: list[dict[str, Any]], clients: int, engine_flags: list[str]) -> tuple[float, int]:
+    import httpx
+
+    port = _free_port()
+    script = Path(sys.executable).parent / "clef-systemone"
+    command = [str(script), "--model", str(model), "--port", str(port), *engine_flags]
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            deadline = time.monotonic() + STARTUP_SECONDS
+            while True:
+                if process.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"clef-systemone exited:\n{log.read().decode(errors='replace')[-3000:]}")
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("clef-systemone did not become healthy")
+                time.sleep(1)
+            return asyncio.run(_clients(f"http://127.0.0.1:{port}", bodies, clients))
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=60)
+
+
+def _reference(model: Path, bodies: list[dict[str, Any]], dtype: str, device: str) -> float:
+    from clef_quant.reference import DTYPES, ReferenceScorer
+    from clef_vllm.request import parse_request
+
+    scorer = ReferenceScorer(model, dtype=DTYPES[dtype], device=device)
+    requests = [parse_request(body) for body in bodies]
+    scorer.score(requests[:4])  # warm-up, and the model load stays out of the timing
+    start = time.perf_counter()
+    scorer.score(requests)
+    return len(requests) / (time.perf_counter() - start)
+
+
+def run_serve_bench(
+    model: Path,
+    *,
+    records: int = 128,
+    clients: int = 32,
+    max_model_len: int = 4096,
+    max_num_batched_tokens: int = 8192,
+    device: str = "cpu",
+    on_stage: Callable[[str], None] | None = None,
+) -> ServeBenchResult:
+    """Score the same `records` requests offline, through the server, and with the reference."""
+    from transformers import AutoTokenizer
+
+    from clef_vllm.encoding import encode_request
+    from clef_vllm.request import parse_request
+
+    bodies = varied_requests(records, seed=11)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokens = sum(encode_request(parse_request(b), tokenizer, max_length=max_model_len).num_tokens for b in bodies)
+    result = ServeBenchResult(model=str(model), records=records, tokens=tokens, clients=clients)
+    engine_kwargs: dict[str, Any] = {"max_model_len": max_model_len, "max_num_batched_tokens": max_num_batched_tokens}
+    flags = ["--max-model-len", str(max_model_len), "--max-num-batched-tokens", str(max_num_batched_tokens)]
+    if device == "cpu":
+        engine_kwargs["enforce_eager"] = True
+        flags.append("--enforce-eager")
+    stage = on_stage or (lambda _: None)
+    stage("offline engine")
+    result.offline_records_s = _offline(model, bodies, engine_kwargs)
+    stage(f"clef-systemone, {clients} clients")
+    result.server_requests_s, result.server_errors = _server(model, bodies, clients, flags)
+    stage("transformers reference")
+    result.reference_records_s = _reference(model, bodies, "bfloat16", device)
+    return result
+
+
+def render_markdown(result: ServeBenchResult, command: str, machine: str) -> str:
+    import torch
+    import transformers
+    import vllm
+
+    lines = [
+        "# Serving: clef-systemone vs the offline engine, and the plugin vs the transformers reference",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| machine | {machine} |",
+        f"| date | {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} |",
+        f"| versions | vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__} |",
+        f"| command | `{command}` |",
+        f"| model | `{result.model}` |",
+        f"| workload | {result.records} varied requests (`clef_quant.bench.workload`), {result.tokens} prompt tokens |",
+        "",
+        "| side | records/s | tokens/s |",
+        "|---|---:|---:|",
+    ]
+    for name, rate in (
+        ("offline engine (`ClefEngine.score`)", result.offline_records_s),
+        (f"clef-systemone, {result.clients} concurrent clients", result.server_requests_s),
+        ("transformers reference, bf16, batch 8", result.reference_records_s),
+    ):
+        lines.append(f"| {name} | {rate:.2f} | {rate * result.tokens / result.records:.0f} |")
+    lines += [
+        "",
+        "| ratio | value | goal |",
+        "|---|---:|---:|",
+        f"| server / offline | {result.server_over_offline:.3f} | >= 0.95 |",
+        f"| plugin / reference | {result.plugin_over_reference:.2f} | >= 3 |",
+        "",
+        f"Server errors: {result.server_errors}.",
+    ]
+    lines += [f"- {note}" for note in result.notes]
+    return "\n".join(lines) + "\n"
+
+
+def result_json(result: ServeBenchResult) -> str:
+    data = {**result.__dict__, "server_over_offline": result.server_over_offline}
+    data["plugin_over_reference"] = result.plugin_over_reference
+    return json.dumps(data, indent=2)
