@@ -162,6 +162,9 @@ def run_serve_bench(
     if device == "cpu":
         engine_kwargs["enforce_eager"] = True
         flags.append("--enforce-eager")
+        # vLLM on CPU otherwise reserves most of the host memory for its KV cache.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        result.notes.append(f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB, enforce_eager")
     stage = on_stage or (lambda _: None)
     stage("offline engine")
     result.offline_records_s = _offline(model, bodies, engine_kwargs)

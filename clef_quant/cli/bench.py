@@ -89,3 +89,48 @@ def head(
         )
     Console().print(table)
     typer.echo(f"wrote {out}")
+
+
+@app.command("serve")
+@user_errors
+def serve(
+    model: Annotated[Path, typer.Option(help="Release folder (e.g. `clef-quant make-tiny DIR --size small`).")],
+    records: Annotated[int, typer.Option(min=8, help="Requests scored by each side.")] = 128,
+    clients: Annotated[int, typer.Option(min=1, help="Concurrent HTTP clients.")] = 32,
+    max_model_len: Annotated[int, typer.Option(min=256)] = 4096,
+    max_num_batched_tokens: Annotated[int, typer.Option(min=256)] = 8192,
+    out: Annotated[Path, typer.Option(help="Report path.")] = Path("bench/results/serve-cpu.md"),
+) -> None:
+    """Server requests/s at N concurrent clients vs the offline engine's records/s, and the plugin's
+    records/s vs the transformers reference, on the same requests in one run.
+
+    Example: clef-quant make-tiny artifacts/small --size small && clef-quant bench serve --model artifacts/small
+    """
+    import shlex
+    import sys
+
+    import torch
+
+    from clef_quant.bench.head import machine_name
+    from clef_quant.bench.serve import render_markdown, result_json, run_serve_bench
+
+    if not (model / "config.json").is_file():
+        raise fail(f"{model} is not a release folder", hint=f"clef-quant make-tiny {model} --size small")
+    console = Console(stderr=True)
+    with console.status("benchmarking") as status:
+        result = run_serve_bench(
+            model,
+            records=records,
+            clients=clients,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            on_stage=lambda stage: status.update(stage),
+        )
+    command = shlex.join(["clef-quant", *sys.argv[1:]])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_markdown(result, command, machine_name(torch.device("cpu"))), encoding="utf-8")
+    out.with_suffix(".json").write_text(result_json(result), encoding="utf-8")
+    typer.echo(
+        f"server/offline {result.server_over_offline:.3f}, plugin/reference {result.plugin_over_reference:.2f}; "
+        f"wrote {out}"
+    )
