@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.bench.workload import varied_requests
+from clef_vllm.engine import apply_cpu_defaults
 
 STARTUP_SECONDS = 600
 
@@ -162,8 +163,7 @@ def run_serve_bench(
     if device == "cpu":
         engine_kwargs["enforce_eager"] = True
         flags.append("--enforce-eager")
-        # vLLM on CPU otherwise reserves most of the host memory for its KV cache.
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        apply_cpu_defaults()  # the server process inherits it
         result.notes.append(f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB, enforce_eager")
     stage = on_stage or (lambda _: None)
     stage("offline engine")

@@ -134,3 +134,74 @@ def serve(
         f"server/offline {result.server_over_offline:.3f}, plugin/reference {result.plugin_over_reference:.2f}; "
         f"wrote {out}"
     )
+
+
+@app.command("throughput")
+@user_errors
+def throughput(
+    reference: Annotated[Path, typer.Option(help="The bf16 release folder: the reference and the bf16 plugin side.")],
+    data: Annotated[
+        Path, typer.Option(help="A DATA folder (clef-quant build-data; tasks taken in turn) or a JSONL of requests.")
+    ],
+    fp8: Annotated[Path | None, typer.Option(help="An FP8_DYNAMIC folder to run through the plugin.")] = None,
+    nvfp4: Annotated[Path | None, typer.Option(help="An NVFP4 folder to run through the plugin.")] = None,
+    records: Annotated[int, typer.Option(min=1, help="Requests scored by every side.")] = 64,
+    batch_size: Annotated[int, typer.Option(min=1, help="Records per transformers forward pass.")] = 8,
+    max_model_len: Annotated[int, typer.Option(min=256, help="Maximum prompt length for both sides.")] = 4096,
+    device: Annotated[Device, typer.Option(help="Where the reference runs (the plugin runs where vLLM runs).")] = (
+        Device.cpu
+    ),
+    eager: Annotated[bool, typer.Option(help="Run vLLM without graph compilation.")] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="Report path.", show_default="bench/results/throughput-<device>.md")
+    ] = None,
+) -> None:
+    """Records/s and tokens/s of the transformers reference and of the plugin (bf16, FP8, NVFP4) on the same records.
+
+    Example: clef-quant bench throughput --reference artifacts/tiny --fp8 artifacts/tiny-FP8_DYNAMIC \\
+        --nvfp4 artifacts/tiny-NVFP4 --data data/eval --records 28 --eager
+    """
+    import os
+    import shlex
+    import sys
+
+    import torch
+
+    from clef_quant.bench.throughput import load_requests, render_markdown, run_throughput
+
+    if device is Device.cuda and not torch.cuda.is_available():
+        raise fail("CUDA is not available on this machine", hint="run with --device cpu")
+    folders = [("bf16", reference), ("FP8_DYNAMIC", fp8), ("NVFP4", nvfp4)]
+    for _, folder in folders:
+        if folder is not None and not (folder / "config.json").is_file():
+            raise fail(f"{folder} is not a release folder")
+    if not data.exists():
+        raise fail(f"{data} does not exist", hint="clef-quant build-data --out DATA --source eval/fixtures")
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    requests = load_requests(data, records)
+    console = Console(stderr=True)
+    with console.status("benchmarking") as status:
+        result = run_throughput(
+            reference,
+            [(f"plugin {name}", folder) for name, folder in folders if folder is not None],
+            requests,
+            source=str(data),
+            batch_size=batch_size,
+            max_model_len=max_model_len,
+            device=device.value,
+            engine_kwargs={"enforce_eager": True} if eager else {},
+            on_stage=lambda message: status.update(message),
+        )
+    out = out or Path(f"bench/results/throughput-{device.value}.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_markdown(result, shlex.join(["clef-quant", *sys.argv[1:]])), encoding="utf-8")
+
+    table = Table(title=f"throughput, {result.records} records, {result.machine}")
+    for column in ("side", "records/s", "tokens/s", "vs reference"):
+        table.add_column(column, justify="left" if column == "side" else "right")
+    for row in result.rows:
+        ratio = row.records_per_s / result.rows[0].records_per_s
+        table.add_row(row.side, f"{row.records_per_s:.2f}", f"{row.tokens_per_s:.0f}", f"{ratio:.2f}x")
+    Console().print(table)
+    typer.echo(f"wrote {out}")

@@ -12,6 +12,7 @@ schedules them, and the plugin's pooler returns every option's logit. Scripts th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,17 @@ from clef_vllm.errors import CheckpointError, RequestError
 from clef_vllm.plugin import ARCHITECTURE
 from clef_vllm.pooling_contract import SCHEMA_KEY, pooling_schema
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
+
+CPU_KV_CACHE_GIB = "2"
+
+
+def apply_cpu_defaults() -> None:
+    """Without a GPU, vLLM reserves 92% of host memory for its KV cache and refuses to start when other
+    processes hold more than the rest; prefill-only scoring needs little, so default to a fixed 2 GiB."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
 
 
 def engine_args(model: str | Path, *, max_model_len: int = DEFAULT_MAX_LENGTH, **overrides: Any) -> dict[str, Any]:
@@ -64,6 +76,7 @@ class ClefEngine:
         self.max_length = max_model_len
         self.limits = limits
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        apply_cpu_defaults()
         self.llm = LLM(**engine_args(model, max_model_len=max_model_len, **engine_kwargs))
 
     def encode(self, body: dict[str, Any] | ClefRequest) -> tuple[ClefRequest, Encoding]:

@@ -17,7 +17,7 @@ import torch
 
 from clef_vllm.answers import response_from_logits
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
-from clef_vllm.engine import engine_args
+from clef_vllm.engine import apply_cpu_defaults, engine_args
 from clef_vllm.errors import RequestError
 from clef_vllm.pooling_contract import SCHEMA_KEY, pooling_schema
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
@@ -76,6 +76,7 @@ class EngineBackend:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        apply_cpu_defaults()
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.config.engine_kwargs()))
 
     @property

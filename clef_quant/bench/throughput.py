@@ -1,0 +1,213 @@
+"""Throughput benchmark: records/s and tokens/s of the transformers reference and of the plugin, same records.
+
+Sides run one after another in one process (a shared CPU cannot host two models without each slowing the
+other): the bf16 reference through transformers (batches of `batch_size` records of similar length,
+right-padded), then each folder through the vLLM plugin (bf16, FP8, NVFP4 as given; all records in one call,
+vLLM forms the batches). Every side first scores one batch untimed (lazy initialisation, first-call kernels),
+then all records timed. The time is model time: records are encoded before the clock starts, as
+`clef-quant eval` does.
+
+`run_throughput` returns the numbers, `render_markdown` the report; `clef-quant bench throughput` does both.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from clef_quant.bench.head import machine_name
+from clef_quant.evaluation.runner import FreshEngines, score_plugin, score_reference
+from clef_quant.evaluation.store import tool_versions
+from clef_vllm.encoding import Encoding, encode_request
+from clef_vllm.errors import ClefError
+from clef_vllm.request import ClefRequest, parse_request
+
+
+@dataclass(frozen=True)
+class ThroughputRow:
+    side: str
+    runner: str  # "transformers" or "vLLM plugin"
+    folder: str
+    records: int
+    tokens: int
+    seconds: float
+    load_seconds: float  # model load (reference) or engine start (plugin), not in `seconds`
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+@dataclass(frozen=True)
+class ThroughputResult:
+    machine: str
+    date: str
+    load: str
+    versions: dict[str, str | None]
+    source: str
+    records: int
+    tokens: int
+    batch_size: int
+    max_model_len: int
+    device: str
+    engine: dict[str, Any]
+    rows: tuple[ThroughputRow, ...]
+
+
+def load_requests(source: Path, records: int) -> list[ClefRequest]:
+    """`records` requests from a DATA folder (taking tasks in turn, so every task is represented) or a JSONL file
+    of requests (plain or wrapped as {"request": ...}, like calibration files)."""
+    from clef_quant.evaluation.data import read_eval_data
+
+    if source.is_dir():
+        data = read_eval_data(source)
+        by_task: dict[str, list[ClefRequest]] = {}
+        for record in data.records:
+            by_task.setdefault(record.task, []).append(record.request)
+        ordered = [
+            group[i] for i in range(max(map(len, by_task.values()))) for group in by_task.values() if i < len(group)
+        ]
+        requests = ordered[:records]
+    else:
+        from clef_quant.quantize.calibration import read_request_bodies
+
+        requests = [parse_request(body) for body in read_request_bodies(source)[:records]]
+    if not requests:
+        raise ClefError(f"no requests in {source}")
+    return requests
+
+
+def _load_average() -> str:
+    try:
+        one, five, _ = os.getloadavg()
+    except OSError:
+        return "unknown"
+    return f"{one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores, at the start"
+
+
+def run_throughput(
+    reference: Path,
+    plugin: Sequence[tuple[str, Path]],
+    requests: Sequence[ClefRequest],
+    *,
+    source: str = "",
+    batch_size: int = 8,
+    max_model_len: int = 4096,
+    device: str = "cpu",
+    engine_kwargs: dict[str, Any] | None = None,
+    on_stage: Callable[[str], None] | None = None,
+) -> ThroughputResult:
+    """Time the reference and every `(name, folder)` of `plugin` on the same requests."""
+    from clef_quant.reference import ReferenceScorer
+
+    stage = on_stage or (lambda _message: None)
+    load = _load_average()
+    engine_kwargs = dict(engine_kwargs or {})
+    rows = []
+
+    stage("transformers reference: loading")
+    began = time.perf_counter()
+    scorer = ReferenceScorer(reference, dtype=torch.bfloat16, device=device, max_length=max_model_len)
+    # Batches of similar lengths: right padding to the batch's longest record would otherwise be timed as work
+    # (one 3,600-token BANKING77 record in a batch of 200-token records multiplies its cost by eight).
+    encodings = sorted((scorer.encode(r) for r in requests), key=lambda e: e.num_tokens)
+    _ = scorer.model  # load now, so the load is not timed as scoring
+    loaded = time.perf_counter() - began
+    stage("transformers reference: warm-up")
+    score_reference(scorer, encodings[:batch_size], batch_size)
+    stage("transformers reference: timed")
+    timed = score_reference(scorer, encodings, batch_size)
+    rows.append(_row("bf16 reference", "transformers", reference, encodings, timed, loaded))
+    del scorer
+    gc.collect()
+
+    engines = FreshEngines(max_model_len=max_model_len, **engine_kwargs)
+    for name, folder in plugin:
+        stage(f"plugin {name}: starting the engine")
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        encodings = [encode_request(r, tokenizer, max_length=max_model_len) for r in requests]
+        began = time.perf_counter()
+        with engines.open(folder) as engine:
+            started = time.perf_counter() - began
+            stage(f"plugin {name}: warm-up")
+            score_plugin(engine, encodings[:batch_size])
+            stage(f"plugin {name}: timed")
+            timed = score_plugin(engine, encodings, chunk=len(encodings))
+        rows.append(_row(name, "vLLM plugin", folder, encodings, timed, started))
+        gc.collect()
+
+    return ThroughputResult(
+        machine=machine_name(torch.device(device)),
+        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        load=load,
+        versions=tool_versions(),
+        source=source,
+        records=len(requests),
+        tokens=sum(e.num_tokens for e in encodings),
+        batch_size=batch_size,
+        max_model_len=max_model_len,
+        device=device,
+        engine={k: repr(v) for k, v in engine_kwargs.items()},
+        rows=tuple(rows),
+    )
+
+
+def _row(
+    side: str, runner: str, folder: Path, encodings: Sequence[Encoding], timed: Sequence[tuple[Any, float]], load: float
+) -> ThroughputRow:
+    return ThroughputRow(
+        side=side,
+        runner=runner,
+        folder=str(folder),
+        records=len(encodings),
+        tokens=sum(e.num_tokens for e in encodings),
+        seconds=sum(seconds for _, seconds in timed),
+        load_seconds=load,
+    )
+
+
+def render_markdown(result: ThroughputResult, command: str) -> str:
+    versions = ", ".join(f"{name} {version}" for name, version in result.versions.items() if version)
+    reference = result.rows[0]
+    lines = [
+        "# Throughput: transformers reference vs the vLLM plugin (bf16, FP8, NVFP4)",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| machine | {result.machine} |",
+        f"| device | {result.device} |",
+        f"| date | {result.date} |",
+        f"| versions | {versions} |",
+        f"| command | `{command}` |",
+        f"| records | {result.records} requests from `{result.source}`, {result.tokens} prompt tokens in all "
+        f"(max model len {result.max_model_len}) |",
+        f"| reference | transformers, bf16, batches of {result.batch_size} records sorted by length (right-padded) |",
+        f"| plugin | one `ClefEngine.logits` call over all records; engine options {json.dumps(result.engine)} |",
+        "| timing | one untimed warm-up batch per side, then every record once; model time only (encoding is "
+        "done before), perf_counter |",
+        f"| load | {result.load} |",
+        "",
+        "| side | runs through | folder | records/s | tokens/s | vs reference | seconds | load / start s |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in result.rows:
+        lines.append(
+            f"| {row.side} | {row.runner} | `{row.folder}` | {row.records_per_s:.2f} | {row.tokens_per_s:.0f} | "
+            f"{row.records_per_s / reference.records_per_s:.2f}x | {row.seconds:.2f} | {row.load_seconds:.1f} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,206 @@
+"""`clef-quant build-data` and `clef-quant eval`: evaluation data from the task files, and bf16 vs candidates."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from clef_quant.cli._errors import fail, user_errors
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH
+
+# vLLM and datasets log every step at INFO; the bars say the same in less space. --verbose shows them again.
+QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "TRANSFORMERS_VERBOSITY": "error"}
+
+
+def _quiet(verbose: bool) -> None:
+    if verbose:
+        return
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+
+
+@user_errors
+def build_data(
+    out: Annotated[Path, typer.Option("--out", "-o", help="DATA folder to write (via DATA.partial).")],
+    per_task: Annotated[
+        int, typer.Option(min=1, help="Evaluation records per task (fewer if the split is smaller).")
+    ] = 200,
+    calibration: Annotated[int, typer.Option(min=0, help="Calibration records in all, spread over the tasks.")] = 512,
+    seed: Annotated[int, typer.Option(help="Sampling seed; the same seed and data give the same records.")] = 0,
+    source: Annotated[
+        str,
+        typer.Option(
+            help="'hub' (datasets.load_dataset with the real ids) or a folder laid out as the Hub's Parquet "
+            "export, e.g. eval/fixtures."
+        ),
+    ] = "hub",
+    task: Annotated[
+        list[str] | None, typer.Option("--task", help="Only this task (repeatable); default every file in eval/tasks/.")
+    ] = None,
+    tokenizer: Annotated[
+        Path | None, typer.Option(help="A release folder: report prompt lengths in tokens instead of characters.")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace DATA if it exists.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the datasets library's own logs.")] = False,
+) -> None:
+    """Sample evaluation records (held-out splits, with gold) and calibration records (training splits) of the tasks.
+
+    Writes DATA/eval/<task>.jsonl, DATA/calibration.jsonl (for `clef-quant quantize --calibration`) and
+    DATA/summary.json.
+
+    Examples:
+      clef-quant build-data --out data/eval --source eval/fixtures --per-task 8 --calibration 32
+      clef-quant build-data --out data/flash --tokenizer flash   # flash: the bf16 release folder
+    """
+    _quiet(verbose)
+    from clef_quant.evaluation.data import BuildConfig
+    from clef_quant.evaluation.data import build_data as run_build
+    from clef_quant.evaluation.tasks import load_tasks
+
+    tasks = load_tasks(names=task)
+    if tokenizer is not None and not (tokenizer / "config.json").is_file():
+        raise fail(f"--tokenizer {tokenizer} is not a release folder")
+    config = BuildConfig(
+        out=out,
+        per_task=per_task,
+        calibration=calibration,
+        seed=seed,
+        source=source,
+        tokenizer=tokenizer,
+        overwrite=overwrite,
+    )
+    console = Console(stderr=True)
+    with console.status("loading tasks") as status:
+        result = run_build(config, tasks, on_task=lambda name, stage: status.update(f"{name}: {stage}"))
+
+    table = Table(title=f"wrote {result.out}", title_justify="left")
+    for column in ("task", "dataset", "eval split", "eval records", "calibration split", "calibration records"):
+        table.add_column(column, justify="right" if "records" in column else "left")
+    for name, entry in result.summary["tasks"].items():
+        table.add_row(
+            name,
+            entry["dataset"]["id"],
+            entry["eval"]["split"],
+            str(entry["eval"]["records"]),
+            entry["calibration"]["split"],
+            str(entry["calibration"]["records"]),
+        )
+    Console().print(table)
+
+
+@user_errors
+def evaluate(
+    reference: Annotated[
+        str, typer.Option(help="The bf16 release folder (or Hub id); runs through transformers AND the plugin.")
+    ],
+    candidate: Annotated[list[str], typer.Option(help="A quantized release folder to compare (repeatable).")],
+    data: Annotated[Path, typer.Option(help="A DATA folder from clef-quant build-data.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="RESULTS folder: results.json/.csv/.md and probs/.")],
+    max_model_len: Annotated[
+        int, typer.Option(min=1, help="Maximum prompt length in tokens, for both sides; the state is cut to fit.")
+    ] = DEFAULT_MAX_LENGTH,
+    batch_size: Annotated[int, typer.Option(min=1, help="Records per transformers forward pass (reference).")] = 8,
+    device: Annotated[str, typer.Option(help="Where the reference runs: cpu or cuda.")] = "cpu",
+    eager: Annotated[
+        bool, typer.Option(help="Run vLLM without graph compilation (starts much faster on a CPU).")
+    ] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show vLLM's and transformers' own logs.")] = False,
+) -> None:
+    """Compare candidates with the bf16 reference on DATA; the bf16 folder through the plugin is the noise floor.
+
+    Every DATA line is validated before any model loads. Probabilities are kept under RESULTS/probs/, so a rerun
+    with the same folders, data and settings reuses them and scores nothing again.
+
+    Examples:
+      clef-quant eval --reference artifacts/tiny --candidate artifacts/tiny-FP8_DYNAMIC \\
+          --candidate artifacts/tiny-NVFP4 --data data/eval --out results/tiny --max-model-len 4096 --eager
+      clef-quant eval --reference flash --candidate flash-NVFP4 --data data/flash --out results/flash --device cuda
+    """
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise fail(f"--device must be cpu or cuda, not {device}")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise fail("--device cuda was given, but no CUDA device is available", "use --device cpu")
+    _quiet(verbose)
+    from clef_quant.evaluation.data import read_eval_data
+    from clef_quant.evaluation.report import write_results
+    from clef_quant.evaluation.runner import EvalConfig, FreshEngines, run_eval
+
+    engine_kwargs: dict[str, Any] = {"enforce_eager": True} if eager else {}
+    config = EvalConfig(
+        reference=reference,
+        candidates=candidate,
+        data=data,
+        out=out,
+        max_model_len=max_model_len,
+        batch_size=batch_size,
+        device=device,
+    )
+    records = read_eval_data(data)  # every line checked before a bar is drawn or a model loads
+    engines = FreshEngines(max_model_len=max_model_len, **engine_kwargs)
+    with _RichProgress(Console(file=sys.stderr)) as progress:
+        run = run_eval(config, engines=engines, progress=progress, data=records)
+    paths = write_results(run.results, out)
+    _print_summary(Console(), run.results)
+    typer.echo(f"records scored {run.scored}, reused {run.reused}")
+    typer.echo("wrote " + ", ".join(str(p) for p in paths))
+
+
+class _RichProgress:
+    """The library's Progress protocol on rich bars: one bar per side and task."""
+
+    def __init__(self, console: Console) -> None:
+        self._bars = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+        )
+        self._ids: dict[str, Any] = {}
+
+    def __enter__(self) -> _RichProgress:
+        self._bars.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bars.__exit__(*exc)
+
+    def start(self, task: str, total: int | None = None) -> None:
+        self._ids[task] = self._bars.add_task(task, total=total)
+
+    def advance(self, task: str, amount: int = 1) -> None:
+        if task in self._ids:
+            self._bars.advance(self._ids[task], amount)
+
+    def finish(self, task: str) -> None:
+        if task in self._ids:
+            bar = self._bars.tasks[self._ids[task]]
+            self._bars.update(self._ids[task], completed=bar.total or 1, total=bar.total or 1)
+
+
+def _print_summary(console: Console, results: dict[str, Any]) -> None:
+    from clef_quant.evaluation.metrics import METRICS, format_value
+    from clef_quant.evaluation.runner import ALL
+
+    table = Table(title="All tasks", title_justify="left")
+    table.add_column("side")
+    for metric in METRICS:
+        table.add_column(metric.title, justify="right")
+    for side in results["sides"]:
+        values = results["values"][side["key"]][ALL]
+        cells = []
+        for metric in METRICS:
+            value = values[metric.name]
+            shown = side["role"] != "reference" or not metric.compares
+            cells.append(format_value(metric, float("nan") if value is None else value) if shown else "—")
+        table.add_row(side["name"], *cells)
+    console.print(table)

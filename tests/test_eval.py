@@ -1,0 +1,284 @@
+"""build-data on the fixtures, and eval of the tiny bf16 folder against its FP8_DYNAMIC and NVFP4 folders.
+
+The eval runs through the real components (transformers reference, vLLM plugin engines shared with the plugin
+tests through the `clef_engine` fixture); its records are few (4 per task) so the module stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from clef_quant.cli import app
+from clef_quant.evaluation.data import read_eval_data
+from clef_quant.evaluation.metrics import (
+    METRICS,
+    QuestionObservation,
+    RecordObservation,
+    compute,
+    expected_calibration_error,
+    kl_divergence,
+)
+from clef_quant.evaluation.report import write_results
+from clef_quant.evaluation.runner import ALL, NOISE_FLOOR_NAME, EvalConfig, run_eval
+from clef_quant.evaluation.tasks import load_tasks
+from clef_quant.quantize.calibration import read_request_bodies
+from clef_vllm.encoding import render
+
+FIXTURES = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
+PER_TASK = 4
+CALIBRATION = 14
+TASK_TITLES = ["ANLI R1 multi-question", "ANLI R3", "ARC-Challenge", "BANKING77", "BoolQ", "HellaSwag", "MMLU"]
+ENGINE_KWARGS = {"max_num_batched_tokens": 4096}  # the plugin tests' engines: shared, not started again
+
+
+def cli(*args: str) -> Any:
+    return CliRunner().invoke(app, list(args))
+
+
+def build(out: Path, *extra: str) -> Any:
+    return cli(
+        "build-data", "--out", str(out), "--source", str(FIXTURES),
+        "--per-task", str(PER_TASK), "--calibration", str(CALIBRATION), *extra,
+    )  # fmt: skip
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "data"
+    result = build(out)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+# -- build-data ------------------------------------------------------------------------------------------------
+
+
+def test_build_data_writes_seven_tasks_and_calibration(data_dir: Path) -> None:
+    files = sorted(p.stem for p in (data_dir / "eval").glob("*.jsonl"))
+    assert files == sorted(task.name for task in load_tasks()) and len(files) == 7
+    summary = json.loads((data_dir / "summary.json").read_text())
+    assert summary["counts"] == {
+        "tasks": 7, "eval_records": 7 * PER_TASK, "eval_questions": 6 * PER_TASK + 3 * PER_TASK,
+        "calibration_records": CALIBRATION,
+    }  # fmt: skip
+    multi = lines(data_dir / "eval" / "anli_r1_multi.jsonl")[0]
+    assert list(multi["request"]["questions"]) == ["relation", "entails", "support"]
+    label = {"entailment": ("true", "4"), "neutral": ("false", "2"), "contradiction": ("false", "0")}
+    assert (multi["gold"]["entails"], multi["gold"]["support"]) == label[multi["gold"]["relation"]]
+    # The calibration file is what `clef-quant quantize --calibration` reads.
+    assert len(read_request_bodies(data_dir / "calibration.jsonl")) == CALIBRATION
+    assert not (data_dir.parent / "data.partial").exists()
+
+
+def test_build_data_is_deterministic(data_dir: Path, tmp_path: Path) -> None:
+    again = build(tmp_path / "again")
+    assert again.exit_code == 0, again.output
+    for path in sorted((data_dir / "eval").glob("*.jsonl")):
+        assert [r["id"] for r in lines(path)] == [r["id"] for r in lines(tmp_path / "again" / "eval" / path.name)]
+    assert (data_dir / "calibration.jsonl").read_bytes() == (tmp_path / "again" / "calibration.jsonl").read_bytes()
+    other_seed = build(tmp_path / "seed1", "--seed", "1")
+    assert other_seed.exit_code == 0, other_seed.output
+    ids = lambda folder: [r["id"] for p in sorted((folder / "eval").glob("*.jsonl")) for r in lines(p)]  # noqa: E731
+    assert ids(data_dir) != ids(tmp_path / "seed1")
+
+
+def test_calibration_never_overlaps_eval(data_dir: Path) -> None:
+    evaluation = [r for p in (data_dir / "eval").glob("*.jsonl") for r in lines(p)]
+    calibration = lines(data_dir / "calibration.jsonl")
+    assert {r["id"] for r in evaluation}.isdisjoint({r["id"] for r in calibration})
+    eval_states = {render(r["request"]["state"]) for r in evaluation}
+    assert eval_states.isdisjoint({render(r["state"]) for r in calibration})
+
+
+def test_a_text_in_both_splits_is_kept_out_of_calibration(tmp_path: Path) -> None:
+    # The fixture's BANKING77 test and train splits share one text (row 0), as the real splits share a few.
+    result = cli(
+        "build-data", "--out", str(tmp_path / "d"), "--source", str(FIXTURES), "--task", "banking77",
+        "--per-task", "32", "--calibration", "32",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    task = json.loads((tmp_path / "d" / "summary.json").read_text())["tasks"]["banking77"]
+    skipped = task["skipped"]["train: same state as an eval record"]  # row 0, and any chance repeat of the generator
+    assert skipped >= 1 and task["calibration"]["records"] == 32 - skipped
+    eval_texts = {r["request"]["state"] for r in lines(tmp_path / "d" / "eval" / "banking77.jsonl")}
+    assert "How do I activate my new card?" in eval_texts
+    assert eval_texts.isdisjoint(r["state"] for r in lines(tmp_path / "d" / "calibration.jsonl"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--source", "no/such/folder"], "--source no/such/folder is neither 'hub' nor a folder"),
+        (["--task", "nope"], "unknown task(s) nope"),
+        (["--source", "tests", "--task", "boolq"], "tests has no Parquet files for 2 split(s): google/boolq/default/"),
+    ],
+)
+def test_build_data_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    result = cli("build-data", "--out", str(tmp_path / "d"), *args)
+    assert result.exit_code == 2
+    # (a spinner may leave a blank line first when the output is not a terminal)
+    assert result.output.strip().startswith("error: ") and message in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "d").exists() and not (tmp_path / "d.partial").exists()
+
+
+def test_existing_data_is_refused_without_overwrite(data_dir: Path) -> None:
+    result = cli("build-data", "--out", str(data_dir), "--source", str(FIXTURES))
+    assert result.exit_code == 2 and "already exists; pass --overwrite" in result.output
+
+
+# -- metrics ---------------------------------------------------------------------------------------------------
+
+
+def test_metric_values_on_known_distributions() -> None:
+    p, q = np.array([0.5, 0.5]), np.array([0.9, 0.1])
+    assert kl_divergence(p, q) == pytest.approx(0.5 * np.log(0.5 / 0.9) + 0.5 * np.log(0.5 / 0.1))
+    assert kl_divergence(np.array([1.0, 0.0]), np.array([0.0, 1.0])) == pytest.approx(-np.log(1e-12))
+    # Two questions at confidence 0.9 (one right) and one at 0.6 (right): |0.5-0.9|*2/3 + |1-0.6|*1/3.
+    assert expected_calibration_error([(0.9, True), (0.9, False), (0.6, True)]) == pytest.approx(0.4)
+    values = compute(
+        [QuestionObservation(p, q, gold=1), QuestionObservation(q, q, gold=0)],
+        [RecordObservation(tokens=100, seconds=0.5), RecordObservation(tokens=300, seconds=1.5)],
+    )
+    assert values["accuracy"] == 0.5 and values["agreement"] == 1.0  # argmax of [0.5, 0.5] is the first
+    assert values["tv"] == pytest.approx(0.2) and values["max_dp"] == pytest.approx(0.4)
+    assert values["records_per_s"] == pytest.approx(1.0) and values["tokens_per_s"] == pytest.approx(200.0)
+
+
+# -- eval ------------------------------------------------------------------------------------------------------
+
+
+class SharedEngines:
+    """The runner's EngineProvider over the session's shared engines; records which folders it opened."""
+
+    def __init__(self, factory: Any, max_model_len: int) -> None:
+        self.factory = factory
+        self.settings = {"max_model_len": max_model_len, "enforce_eager": "True", **ENGINE_KWARGS}
+        self.opened: list[Path] = []
+
+    @contextmanager
+    def open(self, folder: Path) -> Iterator[Any]:
+        self.opened.append(folder)
+        yield self.factory(folder, **ENGINE_KWARGS)
+
+
+@pytest.fixture(scope="module")
+def eval_config(
+    tiny_dir: Path, quantized_dir: Any, data_dir: Path, clef_engine: Any, tmp_path_factory: pytest.TempPathFactory
+) -> EvalConfig:
+    return EvalConfig(
+        reference=str(tiny_dir),
+        candidates=[str(quantized_dir("fp8-dynamic")), str(quantized_dir("nvfp4"))],
+        data=data_dir,
+        out=tmp_path_factory.mktemp("results") / "results",
+        # The reference must encode with the shared engines' length, or the two sides would cut states differently.
+        max_model_len=clef_engine(tiny_dir, **ENGINE_KWARGS).max_length,
+    )
+
+
+@pytest.fixture(scope="module")
+def first_run(eval_config: EvalConfig, clef_engine: Any):
+    engines = SharedEngines(clef_engine, eval_config.max_model_len)
+    run = run_eval(eval_config, engines=engines)
+    write_results(run.results, eval_config.out)
+    return run, engines
+
+
+@pytest.mark.slow
+def test_eval_scores_every_side_and_writes_the_model_card_table(first_run: Any, eval_config: EvalConfig) -> None:
+    run, engines = first_run
+    assert [side.role for side in run.sides] == ["reference", "noise-floor", "candidate", "candidate"]
+    assert run.scored == 4 * 7 * PER_TASK and run.reused == 0
+    assert len(engines.opened) == 3  # the bf16 folder (noise floor) and the two candidates
+
+    markdown = (eval_config.out / "results.md").read_text()
+    table = markdown.split("## Quality")[1].split("## Speed")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| task")]
+    assert [row.split(" | ")[0].removeprefix("| ") for row in rows] == [*TASK_TITLES, "**All**"]
+    header = next(line for line in table.splitlines() if line.startswith("| task"))
+    for side in run.sides[1:]:
+        for metric in (m for m in METRICS if m.level == "question"):
+            assert f"{side.name} · {metric.title.replace('|', chr(92) + '|')} " in header
+    assert NOISE_FLOOR_NAME in header
+    speed = markdown.split("## Speed")[1]
+    for side in run.sides:
+        assert f"{side.name} · rec/s" in speed and f"{side.name} · tok/s" in speed
+
+    results = json.loads((eval_config.out / "results.json").read_text())
+    hashes = {side["role"]: side["model_hash"] for side in results["sides"]}
+    assert hashes["candidate"]["from"] == "manifest" and hashes["reference"]["from"] == "files"
+    assert results["data"]["summary"]["counts"]["eval_records"] == 7 * PER_TASK
+    assert results["tools"]["transformers"] and results["tools"]["torch"]
+    csv_lines = (eval_config.out / "results.csv").read_text().splitlines()
+    assert len(csv_lines) == 1 + 4 * 8  # header, then 4 sides x (7 tasks + All)
+    assert len(list((eval_config.out / "probs").glob("*.jsonl"))) == 4
+
+
+@pytest.mark.slow
+def test_reference_against_itself_gives_full_agreement_and_zero_kl(first_run: Any) -> None:
+    run, _ = first_run
+    reference = run.results["values"][run.sides[0].key]
+    for task, values in reference.items():
+        assert values["agreement"] == 1.0 and values["kl"] == 0.0, task
+        assert values["tv"] == 0.0 and values["max_dp"] == 0.0, task
+    noise_floor = run.results["values"][run.sides[1].key][ALL]
+    assert 0.0 < noise_floor["kl"] < 0.01  # the engine differs from transformers, but only a little
+
+
+@pytest.mark.slow
+def test_second_run_reuses_every_stored_probability(first_run: Any, eval_config: EvalConfig, clef_engine: Any) -> None:
+    engines = SharedEngines(clef_engine, eval_config.max_model_len)
+    again = run_eval(eval_config, engines=engines)
+    assert again.scored == 0 and again.reused == 4 * 7 * PER_TASK
+    assert engines.opened == []  # nothing to score: no engine is even asked for
+    assert again.results["values"] == first_run[0].results["values"]
+
+
+BAD_LINES = [
+    ("{not json", "not JSON"),
+    ('{"id": "x", "task": "boolq", "request": {"model": "m", "state": "s", "questions": {}}, "gold": {}}',
+     "request: questions must be a non-empty object"),
+    ('{"id": "x", "task": "boolq", "request": {"model": "m", "state": "s", "questions": {"a": {"type": "noul"}}}}',
+     "missing gold"),
+    ('{"id": "x", "task": "boolq", "request": {"model": "m", "state": "s", "questions": {"a": {"type": "noul"}}}, '
+     '"gold": {"a": "maybe"}}', "gold 'maybe' of question a is not one of its options"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("line", "reason"), BAD_LINES)
+def test_a_bad_data_line_stops_with_file_and_line(
+    data_dir: Path, tiny_dir: Path, tmp_path: Path, line: str, reason: str
+) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    path = data / "eval" / "boolq.jsonl"
+    kept = path.read_text().splitlines()
+    path.write_text("\n".join([kept[0], line, *kept[1:]]) + "\n")
+    result = cli(
+        "eval", "--reference", str(tiny_dir), "--candidate", str(tiny_dir), "--data", str(data),
+        "--out", str(tmp_path / "results"),
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.output.startswith("error: ") and f"{path}:2: {reason}" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "results").exists()  # stopped before any model or file
+
+
+def test_read_eval_data_validates_the_built_data(data_dir: Path) -> None:
+    data = read_eval_data(data_dir)
+    assert len(data.records) == 7 * PER_TASK and data.tasks == sorted(data.tasks)
+    multi = next(r for r in data.records if r.task == "anli_r1_multi")
+    assert len(multi.gold_index) == 3
