@@ -21,6 +21,10 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
 
+# The whole release flow on the tiny checkpoint, offline, into artifacts/demo/ (scripts/demo.sh says what runs).
+demo: setup
+	VENV=$(VENV) bash scripts/demo.sh
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

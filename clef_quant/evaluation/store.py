@@ -44,11 +44,16 @@ class FolderFingerprint:
 
 def folder_fingerprint(folder: Path) -> FolderFingerprint:
     """A content hash of a release folder; a manifest's file hashes are trusted (`clef-quant inspect` checks them)."""
+    from clef_quant.publish.folder import is_card_owned
     from clef_quant.quantize.manifest import folder_files, hash_files, read_manifest
 
     manifest = read_manifest(folder)
     if manifest is not None and manifest.get("files"):
-        files = {name: entry.get("sha256") for name, entry in manifest["files"].items()}
+        # The card, its plots and the copied sources do not change a single answer: writing a card must not
+        # invalidate stored probabilities.
+        files = {
+            name: entry.get("sha256") for name, entry in manifest["files"].items() if not is_card_owned(name)
+        }
         return FolderFingerprint(_digest(files), "manifest", manifest.get("scheme"))
     # No manifest (an original bf16 release): hash every file; a 19 GB folder takes ~10-20 s on a fast disk.
     hashed = hash_files(folder, folder_files(folder))

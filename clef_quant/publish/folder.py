@@ -1,0 +1,142 @@
+"""What `card` adds to a quantized release folder, and how the manifest keeps covering every file.
+
+`card` owns a fixed set of paths in DIR: `README.md`, `assets/` (the plots), `vllm_plugin/` (the clef-vllm
+package source) and `scripts/`. Everything else was written by `quantize` and is never touched here.
+
+The manifest stays the one list of the folder's files: the files `card` writes go into its `files` map with their
+sha256 like every other file, so `inspect`'s manifest check and `upload`'s hash check cover them without knowing
+about cards, and a `card` section records which files the card added, from which results, with which tools. A card
+is rebuilt by running `card` again: the owned paths are replaced whole (stale plots do not linger) and their
+manifest entries with them. Before that, the files `quantize` wrote must still match their hashes, so a card never
+re-blesses a tampered folder.
+
+The new files are first written into a sibling `DIR.card.partial` and moved in only when complete; the manifest is
+replaced atomically last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from clef_quant.publish.errors import PublishError
+from clef_quant.quantize.manifest import MANIFEST_FILE, FileProblem, hash_files, read_manifest, verify_manifest
+
+CARD_FILE = "README.md"
+ASSETS_DIR = "assets"
+# Trees of this repository that travel with every release, so it serves (clef-vllm) and reproduces (scripts) alone.
+COPIED_TREES = ("vllm_plugin", "scripts")
+OWNED_PATHS = (CARD_FILE, ASSETS_DIR, *COPIED_TREES)
+CARD_SECTION = "card"
+STAGING_SUFFIX = ".card.partial"
+
+# Never part of a copied tree: build and cache leftovers that differ from machine to machine.
+_SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", "build", "dist"}
+_SKIP_SUFFIXES = (".pyc", ".pyo", ".egg-info")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def is_card_owned(name: str) -> bool:
+    """True for a folder-relative POSIX path that `card` writes (and may replace)."""
+    top = name.split("/", 1)[0]
+    return name == CARD_FILE or (top in OWNED_PATHS and top != CARD_FILE and "/" in name)
+
+
+def require_manifest(folder: Path) -> dict[str, Any]:
+    manifest = read_manifest(folder)
+    if manifest is None:
+        raise PublishError(f"{folder} has no {MANIFEST_FILE}: make it with clef-quant quantize")
+    return manifest
+
+
+def quantize_problems(folder: Path, manifest: dict[str, Any]) -> list[FileProblem]:
+    """Differences between the folder and its manifest, leaving out the paths a card run replaces anyway."""
+    return [p for p in verify_manifest(folder, manifest) if not is_card_owned(p.file)]
+
+
+def tree_files(root: Path) -> list[str]:
+    """Files of a source tree to copy, relative POSIX paths, sorted, without caches and build leftovers."""
+    found = []
+    for path in root.rglob("*"):
+        parts = path.relative_to(root).parts
+        if any(part in _SKIP_DIRS or part.endswith(_SKIP_SUFFIXES) for part in parts):
+            continue
+        if path.is_file() and not path.is_symlink():
+            found.append(path.relative_to(root).as_posix())
+    return sorted(found)
+
+
+def copy_trees(staging: Path, repo_root: Path = REPO_ROOT, trees: Iterable[str] = COPIED_TREES) -> list[str]:
+    """Copy each tree of this repository into `staging`; returns the copied files (staging-relative)."""
+    copied = []
+    for tree in trees:
+        source = repo_root / tree
+        if not source.is_dir():
+            raise PublishError(
+                f"cannot find {tree}/ in {repo_root}: card copies it from a clef-quant checkout "
+                "(an installed wheel does not carry it)"
+            )
+        for name in tree_files(source):
+            target = staging / tree / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source / name, target)
+            copied.append(f"{tree}/{name}")
+    return copied
+
+
+@contextmanager
+def staging_dir(folder: Path) -> Iterator[Path]:
+    """A fresh sibling `DIR.card.partial`, removed whatever happens (its contents are moved out on success)."""
+    staging = folder.with_name(folder.name + STAGING_SUFFIX)
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def install_card_files(
+    folder: Path, staging: Path, manifest: dict[str, Any], card_section: dict[str, Any]
+) -> dict[str, Any]:
+    """Replace the owned paths of `folder` with those in `staging`, then rewrite the manifest; returns it."""
+    for owned in OWNED_PATHS:
+        target = folder / owned
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+    added = sorted(path.relative_to(staging).as_posix() for path in staging.rglob("*") if path.is_file())
+    for owned in OWNED_PATHS:
+        if (staging / owned).exists():
+            os.replace(staging / owned, folder / owned)
+
+    files = {name: entry for name, entry in (manifest.get("files") or {}).items() if not is_card_owned(name)}
+    files.update(hash_files(folder, added))
+    updated = dict(manifest)
+    updated["files"] = dict(sorted(files.items()))
+    updated[CARD_SECTION] = {**card_section, "files": added}
+    write_manifest_atomic(folder, updated)
+    return updated
+
+
+def write_manifest_atomic(folder: Path, manifest: dict[str, Any]) -> None:
+    """Write the manifest through a temporary file and a rename, so a crash never leaves half a manifest."""
+    path = folder / MANIFEST_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -1,0 +1,413 @@
+"""`clef-quant card` and `clef-quant upload` on the tiny release, after a real quantize and a real eval.
+
+The card is made from real outputs: the tiny checkpoint quantized by clef-quant (FP8_DYNAMIC), a DATA folder built
+from the fixtures, and `clef-quant eval` through the vLLM plugin. Uploads go to `tests/hub_server.py`, a small Hub
+stand-in on loopback that records every call, reached through HF_ENDPOINT by a real `clef-quant upload` process.
+What is not exercised here: the real Hub, its Xet storage (the library's LFS path is taken instead), its
+authentication and its own front matter validation (the stand-in checks only that the YAML parses).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from clef_quant.cli import app
+from clef_quant.evaluation.report import write_results
+from clef_quant.evaluation.runner import EvalConfig, run_eval
+from clef_quant.publish.card import EXAMPLE_REQUEST, REQUIRED_FRONT_MATTER, resolve_base_model, resolve_license
+from clef_quant.publish.card import source_front_matter as read_source_front_matter
+from clef_quant.publish.errors import PublishError
+from clef_quant.publish.folder import CARD_SECTION, tree_files
+from clef_quant.publish.results import model_fingerprint, section_table, tables
+from clef_quant.quantize.inspect import inspect_checkpoint
+from clef_quant.quantize.manifest import MANIFEST_FILE, read_manifest
+from clef_vllm.request import parse_request
+from tests.hub_server import AGENT_REGISTRY, LocalHub
+
+FIXTURES = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
+REPO = Path(__file__).resolve().parents[1]
+PER_TASK = 2
+ENGINE_KWARGS = {"max_num_batched_tokens": 4096}  # the plugin tests' engines: shared, not started again
+REPO_ID = "clef-test/clef-tiny-FP8_DYNAMIC"
+BASE_MODEL = "Cloudflare/clef-flash"
+TOKEN = "hf_test_token_0123456789"
+PLOTS = ("assets/accuracy_agreement.png", "assets/kl_per_task.png", "assets/probability_scatter.png")
+TAGS = {"clef", "systemone", "fp8-dynamic", "compressed-tensors", "llm-compressor", "vllm"}
+
+
+def cli(*args: str) -> Any:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def upload_process(
+    hub_url: str | None, *args: str, token: str | None = TOKEN, home: Path
+) -> subprocess.CompletedProcess:
+    """`clef-quant upload` as its own process: huggingface_hub reads HF_ENDPOINT and HF_TOKEN when imported."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(home), HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1")
+    if hub_url:
+        env["HF_ENDPOINT"] = hub_url
+    if token:
+        env["HF_TOKEN"] = token
+    command = [sys.executable, "-c", "from clef_quant.cli import main; main()", "upload", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+class SharedEngines:
+    """The eval runner's engine provider over the session's shared plugin engines."""
+
+    def __init__(self, factory: Any, max_model_len: int) -> None:
+        self.factory = factory
+        self.settings = {"max_model_len": max_model_len, "enforce_eager": "True", **ENGINE_KWARGS}
+
+    @contextmanager
+    def open(self, folder: Path) -> Iterator[Any]:
+        yield self.factory(folder, **ENGINE_KWARGS)
+
+
+@pytest.fixture(scope="module")
+def results_dir(tiny_dir: Path, quantized_dir: Any, clef_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real RESULTS folder: build-data on the fixtures, then eval of the tiny FP8_DYNAMIC folder."""
+    root = tmp_path_factory.mktemp("release-eval")
+    built = cli("build-data", "--out", root / "data", "--source", FIXTURES, "--per-task", PER_TASK, "--calibration", 0)
+    assert built.exit_code == 0, built.output
+    config = EvalConfig(
+        reference=str(tiny_dir),
+        candidates=[str(quantized_dir("fp8-dynamic"))],
+        data=root / "data",
+        out=root / "results",
+        max_model_len=clef_engine(tiny_dir, **ENGINE_KWARGS).max_length,
+    )
+    run = run_eval(config, engines=SharedEngines(clef_engine, config.max_model_len))
+    write_results(run.results, config.out)
+    return config.out
+
+
+def fresh_copy(quantized_dir: Any, tmp_path: Path, name: str = "tiny-FP8_DYNAMIC") -> Path:
+    folder = tmp_path / name
+    shutil.copytree(quantized_dir("fp8-dynamic"), folder)
+    return folder
+
+
+def write_card(folder: Path, results: Path, *extra: str) -> Any:
+    return cli(
+        "card", folder, "--results", results, "--base-model", BASE_MODEL, "--license", "apache-2.0",
+        "--repo-id", REPO_ID, *extra,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def carded(quantized_dir: Any, results_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A carded copy of the tiny FP8_DYNAMIC folder; tests that change it take their own copy."""
+    folder = fresh_copy(quantized_dir, tmp_path_factory.mktemp("carded"))
+    result = write_card(folder, results_dir, "--notice", "Test build from random weights.")
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+# -- the card ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_card_parses_with_the_hub_front_matter(carded: Path) -> None:
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(carded / "README.md")
+    data = card.data.to_dict()
+    assert all(data.get(key) for key in REQUIRED_FRONT_MATTER)
+    assert data["base_model"] == BASE_MODEL and data["base_model_relation"] == "quantized"
+    assert data["library_name"] == "vllm" and data["license"] == "apache-2.0"
+    assert set(data["tags"]) == TAGS
+    assert "datasets" not in data  # fixture rows are not the datasets; only a Hub-sourced DATA names them
+    assert card.text.lstrip().startswith("# clef-tiny-FP8_DYNAMIC")
+
+
+@pytest.mark.slow
+def test_card_results_table_is_results_md_verbatim(carded: Path, results_dir: Path) -> None:
+    card = (carded / "README.md").read_text()
+    table = section_table((results_dir / "results.md").read_text(), "Quality")
+    assert table is not None and "noise floor" in table.splitlines()[0]
+    assert table in card
+    # The short table of this release: one row per task and All, the noise floor beside it.
+    summary = card.split("| task | bf16 acc |")[1].split("\n\n")[0].splitlines()
+    assert len(summary) == 2 + 7 + 1 and summary[-1].startswith("| **All** |")
+
+
+@pytest.mark.slow
+def test_card_without_a_throughput_report_shows_the_eval_speed_table(carded: Path, results_dir: Path) -> None:
+    card = (carded / "README.md").read_text()
+    speed = section_table((results_dir / "results.md").read_text(), "Speed")
+    assert speed is not None and speed in card.split("## Throughput")[1]
+
+
+@pytest.mark.slow
+def test_card_copies_a_throughput_report(quantized_dir: Any, results_dir: Path, tmp_path: Path) -> None:
+    from clef_quant.bench.throughput import ThroughputResult, ThroughputRow, render_markdown
+
+    rows = (
+        ThroughputRow("bf16 reference", "transformers", "tiny", 8, 4000, 4.0, 1.0),
+        ThroughputRow("plugin FP8_DYNAMIC", "vLLM plugin", "tiny-FP8_DYNAMIC", 8, 4000, 0.5, 3.0),
+    )
+    report = ThroughputResult(
+        "test machine", "2026-01-01 00:00 UTC", "0.0", {}, "data", 8, 4000, 8, 4096, "cpu", {}, rows
+    )
+    path = tmp_path / "throughput-test.md"
+    path.write_text(render_markdown(report, "clef-quant bench throughput ..."))
+    folder = fresh_copy(quantized_dir, tmp_path)
+    result = write_card(folder, results_dir, "--throughput", path, "--no-plots")
+    assert result.exit_code == 0, result.output
+    throughput = (folder / "README.md").read_text().split("## Throughput")[1].split("## Quickstart")[0]
+    table = next(t for t in tables(path.read_text()) if "records/s" in t)
+    assert table in throughput and "machine: test machine" in throughput
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plot", PLOTS)
+def test_plots_are_png_with_content(carded: Path, plot: str) -> None:
+    assert f"]({plot})" in (carded / "README.md").read_text()
+    with Image.open(carded / plot) as image:
+        assert image.format == "PNG" and image.width >= 600 and image.height >= 300
+        pixels = image.convert("RGB").resize((200, 120))
+        colors = pixels.getcolors(maxcolors=200 * 120)
+    assert colors is not None and len(colors) > 20  # bars, points, text: not a blank canvas
+    white = max(count for count, color in colors if color == (255, 255, 255))
+    assert white < 0.95 * 200 * 120
+
+
+@pytest.mark.slow
+def test_card_states_what_inspect_reads(carded: Path) -> None:
+    card = (carded / "README.md").read_text()
+    quantized = card.split("## What is quantized")[1].split("What stays bf16")[0]
+    kept = card.split("What stays bf16")[1].split("The backbone's other tensors")[0]
+    report = inspect_checkpoint(carded)
+    for module in report.modules:
+        assert f"| `{module.kind}` |" in (kept if module.scheme == "bf16" else quantized), module.name
+    assert {"lm_head", "vision", "linear_attn.in_proj_a", "linear_attn.in_proj_b"} <= {
+        m.kind for m in report.modules if m.scheme == "bf16"
+    }
+    files = card.split("## Files")[1].split("## Limits")[0]
+    for name in (read_manifest(carded) or {})["files"]:
+        top = name.split("/", 1)[0]
+        assert f"`{name}`" in files or f"`{top}/ (" in files, name
+
+
+@pytest.mark.slow
+def test_card_files_join_the_manifest_and_inspect_passes(carded: Path) -> None:
+    manifest = read_manifest(carded) or {}
+    section = manifest[CARD_SECTION]
+    added = set(section["files"])
+    assert {"README.md", *PLOTS} <= added
+    assert {f"vllm_plugin/{n}" for n in tree_files(REPO / "vllm_plugin")} <= added
+    assert {f"scripts/{n}" for n in tree_files(REPO / "scripts")} <= added
+    assert not any("__pycache__" in n or ".egg-info" in n or n.endswith(".pyc") for n in added)
+    assert added <= set(manifest["files"]) and section["repo_id"] == REPO_ID
+    report = inspect_checkpoint(carded)
+    assert report.ok, report.violations
+
+
+@pytest.mark.slow
+def test_card_again_replaces_its_own_files(quantized_dir: Any, results_dir: Path, tmp_path: Path) -> None:
+    folder = fresh_copy(quantized_dir, tmp_path)
+    assert write_card(folder, results_dir).exit_code == 0
+    (folder / "assets" / "stale.png").write_bytes(b"left from an earlier card")
+    again = write_card(folder, results_dir, "--no-plots")
+    assert again.exit_code == 0, again.output
+    assert not (folder / "assets").exists()
+    assert inspect_checkpoint(folder).ok
+
+
+@pytest.mark.slow
+def test_card_keeps_the_eval_fingerprint_of_the_folder(quantized_dir: Any, carded: Path) -> None:
+    from clef_quant.evaluation.store import folder_fingerprint
+
+    before = read_manifest(quantized_dir("fp8-dynamic")) or {}
+    assert model_fingerprint(before) == folder_fingerprint(quantized_dir("fp8-dynamic")).sha256
+    after = read_manifest(carded) or {}
+    assert model_fingerprint(after) == model_fingerprint(before)  # results of the uncarded folder still match
+    # An eval run on the carded folder fingerprints the card too; card accepts that form as well.
+    assert model_fingerprint(after, with_card=True) == folder_fingerprint(carded).sha256
+
+
+@pytest.mark.slow
+def test_card_refuses_a_tampered_folder(quantized_dir: Any, results_dir: Path, tmp_path: Path) -> None:
+    folder = fresh_copy(quantized_dir, tmp_path)
+    config = folder / "config.json"
+    config.write_text(config.read_text().replace('"bfloat16"', '"float16 "', 1))  # same size: only the hash tells
+    result = write_card(folder, results_dir)
+    assert result.exit_code == 2 and "config.json: sha256 mismatch" in result.output
+    assert not (folder / "README.md").exists()
+
+
+@pytest.mark.slow
+def test_card_refuses_results_of_another_folder(quantized_dir: Any, results_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "tiny-NVFP4"
+    shutil.copytree(quantized_dir("nvfp4"), folder)
+    result = write_card(folder, results_dir)
+    assert result.exit_code == 2 and "did not evaluate" in result.output
+    assert not (folder / "README.md").exists()
+
+
+# -- provenance (pure) ---------------------------------------------------------------------------------------
+
+
+def test_license_comes_from_the_source_card(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text("---\nlicense: other\nlicense_name: clef\nlicense_link: LICENSE\n---\n# x\n")
+    manifest = {"source": {"id": str(tmp_path), "local": True}}
+    found = resolve_license(manifest, None, read_source_front_matter(manifest))
+    assert found == {"license": "other", "license_name": "clef", "license_link": "LICENSE"}
+    assert resolve_license(manifest, "mit", {}) == {"license": "mit"}
+    with pytest.raises(PublishError, match="pass --license"):
+        resolve_license(manifest, None, {})
+
+
+def test_base_model_comes_from_the_manifest_source() -> None:
+    commit = "a" * 40
+    hub = {"source": {"id": "Cloudflare/clef-flash", "revision": commit, "local": False}}
+    assert resolve_base_model(hub, None) == ("Cloudflare/clef-flash", commit)
+    cached = {"source": {"id": f"/c/hub/models--Cloudflare--clef-flash/snapshots/{commit}", "local": True}}
+    assert resolve_base_model(cached, None) == ("Cloudflare/clef-flash", commit)
+    with pytest.raises(PublishError, match="pass --base-model"):
+        resolve_base_model({"source": {"id": "artifacts/tiny", "local": True}}, None)
+
+
+def test_quickstart_request_is_a_valid_systemone_request() -> None:
+    parse_request(EXAMPLE_REQUEST)
+
+
+# -- upload --------------------------------------------------------------------------------------------------
+
+
+def expected_files(folder: Path) -> list[str]:
+    return sorted([*(read_manifest(folder) or {})["files"], MANIFEST_FILE])
+
+
+@pytest.mark.slow
+def test_dry_run_lists_every_file_and_sends_nothing(carded: Path, tmp_path: Path) -> None:
+    with LocalHub(TOKEN) as hub:
+        done = upload_process(hub.url, str(carded), "--repo-id", REPO_ID, "--dry-run", home=tmp_path)
+    assert done.returncode == 0, done.stderr
+    listed = dict(re.findall(r"^\s+(\d+)\s+(\S+)$", done.stdout, flags=re.MULTILINE))
+    assert sorted(listed.values()) == expected_files(carded)
+    sizes = {path: int(size) for size, path in listed.items()}
+    assert all(sizes[p] == (carded / p).stat().st_size for p in sizes)
+    assert f"would create public model repo {REPO_ID}" in done.stdout and "token: found" in done.stdout
+    assert [c for c in hub.calls if c.path != AGENT_REGISTRY] == []
+
+
+@pytest.mark.slow
+def test_upload_pushes_the_folder_in_one_commit(carded: Path, tmp_path: Path) -> None:
+    with LocalHub(TOKEN) as hub:
+        done = upload_process(hub.url, str(carded), "--repo-id", REPO_ID, "--private", home=tmp_path)
+        assert done.returncode == 0, done.stderr
+        again = upload_process(hub.url, str(carded), "--repo-id", REPO_ID, "--revision", "v2", home=tmp_path)
+        assert again.returncode == 0, again.stderr
+    repo = hub.repos[REPO_ID]
+    assert repo.private
+    first, second = repo.commits
+    assert first["revision"] == "main" and second["revision"] == "v2"
+    assert sorted(first["files"]) == expected_files(carded)
+    for name, content in first["files"].items():
+        assert hashlib.sha256(content).digest() == hashlib.sha256((carded / name).read_bytes()).digest(), name
+    assert set(first["lfs"]) == {"model.safetensors", "clef_head/joint_head.safetensors", *PLOTS}
+    assert "base_model_relation: quantized" in hub.validated[0]
+    unexpected = [c for c in hub.calls if c.status >= 400 and c.path != AGENT_REGISTRY]
+    assert [(c.path, c.status) for c in unexpected] == [("/api/repos/create", 409)]  # the second run's repo exists
+    assert len(hub.calls_to(r"/commit/")) == 2 and len(hub.calls_to(r"/branch/v2$")) == 1
+    assert f"/{REPO_ID}/commit/" in done.stdout and second["summary"] == first["summary"]
+
+
+def tamper_weights(folder: Path) -> None:
+    with open(folder / "model.safetensors", "r+b") as handle:
+        handle.seek(-1, os.SEEK_END)
+        last = handle.read(1)
+        handle.seek(-1, os.SEEK_END)
+        handle.write(bytes([last[0] ^ 0xFF]))
+
+
+def add_stray_file(folder: Path) -> None:
+    (folder / "notes.txt").write_text("not made by clef-quant")
+
+
+def drop_card(folder: Path) -> None:
+    (folder / "README.md").unlink()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (tamper_weights, "model.safetensors: sha256 mismatch"),
+        (add_stray_file, "notes.txt: not in manifest"),
+        (drop_card, "README.md: missing"),
+    ],
+)
+def test_upload_refuses_a_folder_that_differs_from_its_manifest(
+    carded: Path, tmp_path: Path, change: Any, message: str
+) -> None:
+    folder = tmp_path / "release"
+    shutil.copytree(carded, folder)
+    change(folder)
+    with LocalHub(TOKEN) as hub:
+        done = upload_process(hub.url, str(folder), "--repo-id", REPO_ID, home=tmp_path)
+    assert done.returncode == 2 and f"refused: {message}" in done.stderr
+    assert "Traceback" not in done.stderr and hub.repos == {}
+
+
+@pytest.mark.slow
+def test_upload_refuses_a_folder_without_card(quantized_dir: Any, tmp_path: Path) -> None:
+    with LocalHub(TOKEN) as hub:
+        done = upload_process(hub.url, str(quantized_dir("fp8-dynamic")), "--repo-id", REPO_ID, home=tmp_path)
+    assert done.returncode == 2 and "refused: README.md: no model card" in done.stderr
+    assert hub.repos == {}
+
+
+@pytest.mark.slow
+def test_upload_refuses_a_card_written_for_another_repo(carded: Path, tmp_path: Path) -> None:
+    done = upload_process(None, str(carded), "--repo-id", "someone/else", "--dry-run", home=tmp_path)
+    assert done.returncode == 2 and f"written for {REPO_ID}, not someone/else" in done.stderr
+
+
+@pytest.mark.slow
+def test_upload_without_token_is_one_clear_line(carded: Path, tmp_path: Path) -> None:
+    with LocalHub(TOKEN) as hub:
+        done = upload_process(hub.url, str(carded), "--repo-id", REPO_ID, token=None, home=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[0] == "error: no Hugging Face token: set HF_TOKEN or run `hf auth login`"
+    assert [c for c in hub.calls if c.path != AGENT_REGISTRY] == []
+
+
+@pytest.mark.slow
+def test_a_hub_refusal_is_one_line(carded: Path, tmp_path: Path) -> None:
+    with LocalHub(TOKEN, refuse_create=True) as hub:
+        done = upload_process(hub.url, str(carded), "--repo-id", REPO_ID, home=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"error: the Hub refused to create the repo for {REPO_ID} (403)" in done.stderr
+    assert hub.calls_to(r"/commit/") == []
+
+
+def test_upload_rejects_a_bad_repo_id(tmp_path: Path) -> None:
+    result = cli("upload", tmp_path, "--repo-id", "no-slash", "--dry-run")
+    assert result.exit_code == 2 and "--repo-id must be ORG/NAME" in result.output
+
+
+def test_manifest_json_of_a_card_is_valid(tmp_path: Path) -> None:
+    # The manifest is rewritten through a temporary file; a leftover would show up as a stray file.
+    from clef_quant.publish.folder import write_manifest_atomic
+
+    write_manifest_atomic(tmp_path, {"files": {}})
+    assert json.loads((tmp_path / MANIFEST_FILE).read_text()) == {"files": {}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST_FILE]
