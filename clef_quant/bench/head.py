@@ -11,8 +11,6 @@ timed as a median over repeats after warmups, and the two forms' logits are comp
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from clef_quant.bench.environment import load_average, machine_name
 from clef_quant.head_loop import loop_logits
 from clef_vllm.head import HeadConfig, JointSchemaHead, RecordSchema
 
@@ -140,26 +139,6 @@ def _timed(func: Callable[[], torch.Tensor], device: torch.device, runs: int, wa
     return times
 
 
-def machine_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            model = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{model} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
-
-
-def _load_average() -> str:
-    try:
-        one, five, _ = os.getloadavg()
-    except OSError:
-        return "unknown"
-    return f"{one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores, at the start"
-
-
 @torch.inference_mode()
 def run_head_bench(
     *,
@@ -178,7 +157,7 @@ def run_head_bench(
     target = torch.device(device)
     torch_dtype = DTYPES[dtype]
     notify = on_step or (lambda _message: None)
-    load = _load_average()
+    load = load_average()
     notify("building a random head")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any
 
 import torch
 
-from clef_quant.bench.head import machine_name
+from clef_quant.bench.environment import load_average, machine_name
 from clef_quant.evaluation.runner import FreshEngines, score_plugin, score_reference
 from clef_quant.evaluation.store import tool_versions
 from clef_vllm.encoding import Encoding, encode_request
@@ -90,14 +89,6 @@ def load_requests(source: Path, records: int) -> list[ClefRequest]:
     return requests
 
 
-def _load_average() -> str:
-    try:
-        one, five, _ = os.getloadavg()
-    except OSError:
-        return "unknown"
-    return f"{one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores, at the start"
-
-
 def run_throughput(
     reference: Path,
     plugin: Sequence[tuple[str, Path]],
@@ -114,7 +105,7 @@ def run_throughput(
     from clef_quant.reference import ReferenceScorer
 
     stage = on_stage or (lambda _message: None)
-    load = _load_average()
+    load = load_average()
     engine_kwargs = dict(engine_kwargs or {})
     rows = []
 

@@ -111,7 +111,7 @@ def serve(
 
     import torch
 
-    from clef_quant.bench.head import machine_name
+    from clef_quant.bench.environment import machine_name
     from clef_quant.bench.serve import render_markdown, result_json, run_serve_bench
 
     if not (model / "config.json").is_file():

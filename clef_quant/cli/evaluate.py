@@ -9,10 +9,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
+from clef_quant.cli._progress import RichProgress
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH
 
 # vLLM and datasets log every step at INFO; the bars say the same in less space. --verbose shows them again.
@@ -150,41 +150,12 @@ def evaluate(
     )
     records = read_eval_data(data)  # every line checked before a bar is drawn or a model loads
     engines = FreshEngines(max_model_len=max_model_len, **engine_kwargs)
-    with _RichProgress(Console(file=sys.stderr)) as progress:
+    with RichProgress(Console(file=sys.stderr)) as progress:
         run = run_eval(config, engines=engines, progress=progress, data=records)
     paths = write_results(run.results, out)
     _print_summary(Console(), run.results)
     typer.echo(f"records scored {run.scored}, reused {run.reused}")
     typer.echo("wrote " + ", ".join(str(p) for p in paths))
-
-
-class _RichProgress:
-    """The library's Progress protocol on rich bars: one bar per side and task."""
-
-    def __init__(self, console: Console) -> None:
-        self._bars = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-        )
-        self._ids: dict[str, Any] = {}
-
-    def __enter__(self) -> _RichProgress:
-        self._bars.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._bars.__exit__(*exc)
-
-    def start(self, task: str, total: int | None = None) -> None:
-        self._ids[task] = self._bars.add_task(task, total=total)
-
-    def advance(self, task: str, amount: int = 1) -> None:
-        if task in self._ids:
-            self._bars.advance(self._ids[task], amount)
-
-    def finish(self, task: str) -> None:
-        if task in self._ids:
-            bar = self._bars.tasks[self._ids[task]]
-            self._bars.update(self._ids[task], completed=bar.total or 1, total=bar.total or 1)
 
 
 def _print_summary(console: Console, results: dict[str, Any]) -> None:

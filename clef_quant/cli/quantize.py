@@ -14,11 +14,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import RevisionOption
+from clef_quant.cli._progress import RichProgress
 from clef_quant.quantize.recipes import SCHEMES
 from clef_vllm.errors import ClefError
 
@@ -85,7 +85,7 @@ def quantize(
     )
     console = Console(file=sys.stderr)  # bound now: the real stderr, not the capture below
     try:
-        with _tools_output(verbose), _RichProgress(console) as progress:
+        with _tools_output(verbose), RichProgress(console) as progress:
             result = run_quantize(config, progress)
     except Interrupted as exc:
         name = signal.Signals(exc.signum).name
@@ -141,47 +141,6 @@ def _tools_output(verbose: bool) -> Iterator[None]:
 
 
 # -- rendering ------------------------------------------------------------------------------------------------
-
-
-class _RichProgress:
-    """The library's Progress protocol on rich bars (stderr, so stdout keeps only the summary)."""
-
-    def __init__(self, console: Console) -> None:
-        self._bars = Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-            redirect_stderr=False,
-            redirect_stdout=False,
-        )
-        self._ids: dict[str, Any] = {}
-
-    def __enter__(self) -> _RichProgress:
-        self._bars.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._bars.__exit__(*exc)
-
-    def start(self, task: str, total: int | None = None) -> None:
-        self._ids[task] = self._bars.add_task(task, total=total)
-
-    def advance(self, task: str, amount: int = 1) -> None:
-        if task in self._ids:
-            self._bars.advance(self._ids[task], amount)
-
-    def finish(self, task: str) -> None:
-        if task in self._ids:
-            task_id = self._ids[task]
-            total = self._bars.tasks[task_id].total
-            if total is None:
-                self._bars.update(task_id, total=1, completed=1)
-            else:
-                self._bars.update(task_id, completed=total)
 
 
 def _size(num_bytes: float) -> str:
