@@ -42,19 +42,22 @@ class FolderFingerprint:
     scheme: str | None  # the manifest's scheme, when there is one
 
 
+def manifest_fingerprint(manifest: dict[str, Any]) -> str:
+    """The hash of a manifest's file list, without the files `card` adds: a card, its plots and the copied
+    sources change no answer, so writing one must not invalidate stored probabilities or results."""
+    from clef_quant.publish.folder import is_card_owned
+
+    files = {name: entry.get("sha256") for name, entry in manifest["files"].items() if not is_card_owned(name)}
+    return _digest(files)
+
+
 def folder_fingerprint(folder: Path) -> FolderFingerprint:
     """A content hash of a release folder; a manifest's file hashes are trusted (`clef-quant inspect` checks them)."""
-    from clef_quant.publish.folder import is_card_owned
     from clef_quant.quantize.manifest import folder_files, hash_files, read_manifest
 
     manifest = read_manifest(folder)
     if manifest is not None and manifest.get("files"):
-        # The card, its plots and the copied sources do not change a single answer: writing a card must not
-        # invalidate stored probabilities.
-        files = {
-            name: entry.get("sha256") for name, entry in manifest["files"].items() if not is_card_owned(name)
-        }
-        return FolderFingerprint(_digest(files), "manifest", manifest.get("scheme"))
+        return FolderFingerprint(manifest_fingerprint(manifest), "manifest", manifest.get("scheme"))
     # No manifest (an original bf16 release): hash every file; a 19 GB folder takes ~10-20 s on a fast disk.
     hashed = hash_files(folder, folder_files(folder))
     return FolderFingerprint(_digest({name: entry["sha256"] for name, entry in hashed.items()}), "files", None)

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clef_quant.evaluation.store import manifest_fingerprint
 from clef_quant.publish.errors import PublishError
-from clef_quant.publish.folder import is_card_owned
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -135,19 +135,6 @@ class EvalResults:
         return xs, ys
 
 
-def model_fingerprint(manifest: dict[str, Any], *, with_card: bool = False) -> str:
-    """The model fingerprint `clef-quant eval` records for a folder with a manifest: the sha256 of its file list.
-
-    By default over the files `quantize` wrote, which is what eval saw before any card; `with_card` takes every
-    listed file, which is what eval sees when it runs on a folder that already has a card."""
-    files = {
-        name: entry.get("sha256")
-        for name, entry in (manifest.get("files") or {}).items()
-        if with_card or not is_card_owned(name)
-    }
-    return hashlib.sha256(json.dumps(files, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
-
-
 def read_results(results_dir: Path, folder: Path, manifest: dict[str, Any]) -> EvalResults:
     """RESULTS for the card of `folder`; refuses results that did not evaluate this folder."""
     results_dir = Path(results_dir)
@@ -174,9 +161,8 @@ def read_results(results_dir: Path, folder: Path, manifest: dict[str, Any]) -> E
         )
         for s in raw["sides"]
     ]
-    fingerprint = model_fingerprint(manifest)
-    accepted = {fingerprint, model_fingerprint(manifest, with_card=True)}
-    this = next((s for s in sides if s.is_candidate and s.fingerprint in accepted), None)
+    fingerprint = manifest_fingerprint(manifest)
+    this = next((s for s in sides if s.is_candidate and s.fingerprint == fingerprint), None)
     if this is None:
         evaluated = ", ".join(f"{s.name} ({s.fingerprint[:12]})" for s in sides if s.is_candidate) or "none"
         raise PublishError(
