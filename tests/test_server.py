@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 
+from clef_quant.bench.processes import free_port, python_command, running, systemone_command
 from clef_quant.bench.workload import varied_requests
-from tests.servers import free_port, python_command, running
 
 pytestmark = pytest.mark.slow
 
@@ -23,8 +21,7 @@ ENGINE_FLAGS = ["--max-model-len", "4096", "--enforce-eager", "--max-num-batched
 @pytest.fixture(scope="module")
 def systemone(tiny_dir, tmp_path_factory):
     port = free_port()
-    script = str(Path(sys.executable).parent / "clef-systemone")
-    command = [script, "--model", str(tiny_dir), "--port", str(port), "--api-key", API_KEY, *ENGINE_FLAGS]
+    command = systemone_command(tiny_dir, port, "--api-key", API_KEY, *ENGINE_FLAGS)
     with running(command, port, tmp_path_factory.mktemp("logs") / "systemone.log") as statuses:
         yield f"http://127.0.0.1:{port}", statuses
 
@@ -87,8 +84,11 @@ BAD_REQUESTS = [
         id="image",
     ),
     pytest.param(
-        {"model": "m", "state": "word " * 5000, "questions": {"a": {"type": "choice", "criteria": {
-            f"o{i}": "option " * 40 for i in range(100)}}}},
+        {
+            "model": "m",
+            "state": "word " * 5000,
+            "questions": {"a": {"type": "choice", "criteria": {f"o{i}": "option " * 40 for i in range(100)}}},
+        },
         400,
         "schema requires",
         id="schema-too-long",

@@ -15,10 +15,6 @@ import asyncio
 import gc
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,10 +23,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from clef_quant.bench.processes import free_port, running, systemone_command
 from clef_quant.bench.workload import varied_requests
 from clef_vllm.engine import apply_cpu_defaults
-
-STARTUP_SECONDS = 600
 
 
 @dataclass
@@ -52,12 +47,6 @@ class ServeBenchResult:
     @property
     def plugin_over_reference(self) -> float:
         return self.offline_records_s / self.reference_records_s
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _offline(model: Path, bodies: list[dict[str, Any]], engine_kwargs: dict[str, Any]) -> float:
@@ -98,32 +87,12 @@ async def _clients(url: str, bodies: list[dict[str, Any]], clients: int) -> tupl
 
 
 def _server(model: Path, bodies: list[dict[str, Any]], clients: int, engine_flags: list[str]) -> tuple[float, int]:
-    import httpx
-
-    port = _free_port()
-    script = Path(sys.executable).parent / "clef-systemone"
-    command = [str(script), "--model", str(model), "--port", str(port), *engine_flags]
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            deadline = time.monotonic() + STARTUP_SECONDS
-            while True:
-                if process.poll() is not None:
-                    log.seek(0)
-                    raise RuntimeError(f"clef-systemone exited:\n{log.read().decode(errors='replace')[-3000:]}")
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("clef-systemone did not become healthy")
-                time.sleep(1)
-            return asyncio.run(_clients(f"http://127.0.0.1:{port}", bodies, clients))
-        finally:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=60)
+    port = free_port()
+    with (
+        tempfile.TemporaryDirectory() as logs,
+        running(systemone_command(model, port, *engine_flags), port, Path(logs) / "systemone.log"),
+    ):
+        return asyncio.run(_clients(f"http://127.0.0.1:{port}", bodies, clients))
 
 
 def _reference(model: Path, bodies: list[dict[str, Any]], dtype: str, device: str) -> float:

@@ -1,4 +1,4 @@
-"""Start real server processes on loopback for tests, and stop them whatever happens."""
+"""Start real server processes on loopback (benchmarks and tests), and stop them whatever happens."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def free_port() -> int:
 def server_env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # servers run their engine core as vLLM ships it
-    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return env
 
 
@@ -68,3 +68,9 @@ def wait_healthy(process: subprocess.Popen, port: int, log: Path) -> list[int]:
 
 def python_command(*args: str) -> list[str]:
     return [sys.executable, *args]
+
+
+def systemone_command(model: Path | str, port: int, *flags: str) -> list[str]:
+    """`clef-systemone` from the running interpreter's environment."""
+    script = Path(sys.executable).parent / "clef-systemone"
+    return [str(script), "--model", str(model), "--port", str(port), *flags]
