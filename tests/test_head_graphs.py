@@ -84,7 +84,7 @@ def test_padding_content_cannot_reach_a_logit(head: JointSchemaHead, embeddings:
     hidden, ids, schema = make_record(9, [4, 2, 5], state=20)
     length = hidden.shape[0]
     bucket = bucket_for(length, 3, 11)
-    meta = torch.tensor(record_meta(length, schema, bucket))
+    meta = torch.tensor(record_meta(length, schema, bucket).tolist())
     padded_hidden = torch.zeros(bucket.tokens, CONFIG.hidden_size)
     padded_hidden[:length] = hidden
     rows = torch.zeros(bucket.tokens, CONFIG.hidden_size)
@@ -213,4 +213,4 @@ def test_record_meta_layout() -> None:
     bucket = Bucket(256, 4, 4)
     meta = record_meta(20, schema, bucket)
     assert len(meta) == bucket.meta_size
-    assert meta == [20, 2, 2, 9, 0, 0, 5, 6, 11, 0, 4, 10, 0, 0, 6, 8, 12, 0, 0, 0, 1, 4, 1, 0, 0, 0]
+    assert meta.tolist() == [20, 2, 2, 9, 0, 0, 5, 6, 11, 0, 4, 10, 0, 0, 6, 8, 12, 0, 0, 0, 1, 4, 1, 0, 0, 0]
