@@ -214,3 +214,21 @@ def test_record_meta_layout() -> None:
     meta = record_meta(20, schema, bucket)
     assert len(meta) == bucket.meta_size
     assert meta.tolist() == [20, 2, 2, 9, 0, 0, 5, 6, 11, 0, 4, 10, 0, 0, 6, 8, 12, 0, 0, 0, 1, 4, 1, 0, 0, 0]
+
+
+def test_bench_head_reports_the_fast_path() -> None:
+    """`bench head` times the fast path beside the other forms and compares all three on the same inputs."""
+    from clef_quant.bench.head import BenchShape, render_markdown, run_head_bench
+
+    shapes = [BenchShape("2 questions", (1, 0), (3, 2))]
+    for dtype in ("float32", "bfloat16"):
+        result = run_head_bench(dtype=dtype, repeats=1, warmup=0, tokens=300, vocab=VOCAB, config=CONFIG, shapes=shapes)
+        (row,) = result.rows
+        assert row.fast_ms > 0 and row.kernel_ms is None and result.step is None  # no GPU here
+        report = render_markdown(result, "clef-quant bench head")
+        assert "| fast ms | GPU kernel ms |" in report and "| 2 questions | 2 | 5 |" in report
+        if dtype == "float32":
+            assert max(row.max_abs_diff, row.fast_diff, row.fast_loop_diff) <= TOLERANCE
+            assert row.vectorized_ref_diff is None and "diff fast-fp32" not in report
+        else:
+            assert 0 < row.vectorized_ref_diff < 0.5 and "diff fast-fp32" in report
