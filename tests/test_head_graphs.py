@@ -22,11 +22,11 @@ from clef_vllm.head_graphs import (
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 # (seed, options per question, longest span, state tokens before the schema): 1 to 64 questions, 2 to 256
-# options, records from 16 to about 16,400 tokens, counts on and just past powers of two.
+# options, records from 16 to about 17,000 tokens (past the graphs' limit), counts on and just past powers of two.
 SHAPES = [
     (0, [2], 1, 5),  # 16 tokens
     (1, [4, 2, 5], 5, 900),
-    (2, [3, 1, 2, 7, 2, 1, 9], 3, 250),  # length just past a token bucket's edge
+    (2, [3, 1, 2, 7, 2, 1, 9], 3, 250),  # 360 tokens in a bucket of 512
     (3, [2] * 33, 4, 40),
     (4, [2] * 64, 2, 3000),
     (5, [256], 3, 15_000),  # 1 x 256 options, about 16,000 tokens
@@ -152,8 +152,9 @@ def test_graphs_match_forward_and_loop_on_cuda(
         again = runner(hidden, ids, schema, table)  # a replay of the graph the first call captured
         batched = gpu([hidden], [ids], [schema], table)[0]
         slow = loop_logits(gpu, hidden, ids, schema, table)
-    assert runner.buckets == [bucket_for(hidden.shape[0], len(options), sum(options))]
-    assert torch.equal(first, again)
+    graphed = hidden.shape[0] <= runner.max_tokens  # longer records take the batched forward
+    assert runner.buckets == ([bucket_for(hidden.shape[0], len(options), sum(options))] if graphed else [])
+    assert torch.equal(first, again) or not graphed  # a replay repeats itself bit for bit
     assert float((first - batched).abs().max()) <= TOLERANCE
     assert float((first - slow).abs().max()) <= TOLERANCE
 

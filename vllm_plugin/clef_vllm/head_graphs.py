@@ -5,8 +5,8 @@ several times what running them does. Here one record is laid out in fixed shape
 and options each rounded up) so that the whole forward can be captured once per bucket and replayed with one
 launch. The padding cannot reach a real logit:
 
-- padded tokens are zero rows that every attention over the memory masks with -inf (weight exactly 0) and that
-  every span mean skips (its averaging row holds 0 there);
+- padded tokens are zero rows (what a longer record left there is cleared) that every attention over the memory
+  masks with -inf (weight exactly 0) and that every span mean skips (its averaging row holds 0 there);
 - padded options are rows that no question owns: options never see each other before the per-question summary,
   and that summary's softmax runs over the owning question's options only;
 - padded questions are masked as keys in the fields' self-attention; their own rows are dropped.
@@ -14,6 +14,9 @@ launch. The padding cannot reach a real logit:
 The segment work is dense rather than scattered: a [spans, tokens] indicator matrix times the token states gives
 every span's sum in one matrix product (fp32 accumulation, like the batched forward's index_add), and the
 per-question softmax is a masked [questions, options] softmax. Both are deterministic, where atomics are not.
+
+A record's bucket depends on the record alone and each call runs one record, so a request's answer does not
+depend on what else is in flight.
 
 `padded_logits` is that math run eagerly on any device (the tests hold it to the batched forward and the loop
 form on the CPU); `GraphedHead` captures and replays it on CUDA and hands anything else to the batched forward.
@@ -34,8 +37,10 @@ from torch import Tensor
 from clef_vllm.head import JointSchemaHead, RecordSchema, _attend, _capped_scale, _decoder_layer, _project_kv
 
 MIN_TOKENS = 256
-MAX_TOKENS = 32768  # longer prompts run the batched forward: buffers and graphs that size are rarely reused
-MAX_GRAPHS = 48  # least recently used graphs beyond this are dropped (a capture costs tens of milliseconds)
+# Longer prompts run the batched forward: their prefill dwarfs the head's launch overhead, and graphs that size
+# would hold a few hundred MB each of input buffers and intermediates outside vLLM's memory budget.
+MAX_TOKENS = 16384
+MAX_GRAPHS = 48  # least recently used graphs beyond this are dropped (a capture takes about 0.1 s)
 
 
 @dataclass(frozen=True, order=True)
