@@ -49,8 +49,8 @@ def head(
     """Time the batched joint schema head and its fast path (CUDA graphs on a GPU) against the release's loop
     form at clef-flash head sizes.
 
-    Three shapes on a 3,000-token record: 1 x 77 options, 3 mixed questions, 49 x 2 options. On a GPU the report
-    adds the fast path's kernel time from the profiler and a step of 8 records, one head call each.
+    Three shapes on a 3,000-token record: 1 x 77 options, 3 mixed questions, 49 x 2 options.
+    On a GPU the report adds the fast path's kernel time (profiler) and a step of 8 records, one call each.
     The loop form takes minutes on a CPU.
 
     Example: clef-quant bench head --device cpu --repeats 3
