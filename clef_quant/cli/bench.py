@@ -41,14 +41,16 @@ def head(
     device: Annotated[Device, typer.Option(help="Where to run the head.")] = Device.cpu,
     dtype: Annotated[Dtype, typer.Option(help="Head and input dtype (releases run bfloat16).")] = Dtype.float32,
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per shape; the median is reported.")] = 5,
-    warmup: Annotated[int, typer.Option(min=0, help="Untimed runs of the vectorized head first.")] = 1,
+    warmup: Annotated[int, typer.Option(min=0, help="Untimed runs of the vectorized and fast forms first.")] = 1,
     out: Annotated[
         Path | None, typer.Option(help="Report path.", show_default="bench/results/head-<device>.md")
     ] = None,
 ) -> None:
-    """Time the batched joint schema head against the release's loop form at clef-flash head sizes.
+    """Time the batched joint schema head and its fast path (CUDA graphs on a GPU) against the release's loop
+    form at clef-flash head sizes.
 
     Three shapes on a 3,000-token record: 1 x 77 options, 3 mixed questions, 49 x 2 options.
+    On a GPU the report adds the fast path's kernel time (profiler) and a step of 8 records, one call each.
     The loop form takes minutes on a CPU.
 
     Example: clef-quant bench head --device cpu --repeats 3
@@ -75,7 +77,8 @@ def head(
 
     table = Table(title=f"joint schema head, {result.machine}, {result.dtype}")
     table.add_column("shape")
-    for column in ("questions", "options", "vectorized ms", "loop ms", "loop / vectorized", "max |diff|"):
+    columns = ("questions", "options", "vectorized ms", "fast ms", "GPU kernel ms", "loop ms", "loop / fast")
+    for column in (*columns, "max |fast - vectorized|", "max |fast - loop|"):
         table.add_column(column, justify="right")
     for row in result.rows:
         table.add_row(
@@ -83,11 +86,19 @@ def head(
             str(row.questions),
             str(row.options),
             f"{row.vectorized_ms:.2f}",
+            f"{row.fast_ms:.2f}",
+            "n/a" if row.kernel_ms is None else f"{row.kernel_ms:.2f}",
             f"{row.loop_ms:.2f}",
-            f"{row.speedup:.1f}x",
-            f"{row.max_abs_diff:.2e}",
+            f"{row.fast_speedup:.1f}x",
+            f"{row.fast_diff:.2e}",
+            f"{row.fast_loop_diff:.2e}",
         )
     Console().print(table)
+    if result.step is not None:
+        typer.echo(
+            f"{result.step.records} records, one call each: vectorized {result.step.vectorized_ms:.2f} ms, "
+            f"fast {result.step.fast_ms:.2f} ms"
+        )
     typer.echo(f"wrote {out}")
 
 

@@ -38,6 +38,7 @@ from clef_vllm.head import (
     find_head_dir,
     load_head,
 )
+from clef_vllm.head_graphs import GraphedHead
 from clef_vllm.pooling_contract import parse_pooling_schema
 
 ARCHITECTURE = "ClefFlashForJointSchema"
@@ -74,6 +75,7 @@ class JointSchemaPooler(Pooler):
     def __init__(self, head: JointSchemaHead) -> None:
         super().__init__()
         self.head = head
+        self.graphed_head = GraphedHead(head)  # CUDA graph replays on a GPU, the batched forward elsewhere
         self.accumulate = AllPool()
         self.lexical_table: torch.Tensor | None = None  # [vocab, hidden] on the host
 
@@ -117,7 +119,7 @@ class JointSchemaPooler(Pooler):
         rows = self.lexical_table[unique_ids].to(device=hidden.device, dtype=hidden.dtype, non_blocking=True)
         local_ids = torch.zeros(token_ids.shape[0], dtype=torch.long)
         local_ids[positions] = compact
-        (logits,) = self.head([hidden], [local_ids.to(hidden.device, non_blocking=True)], [schema], rows)
+        logits = self.graphed_head(hidden, local_ids.to(hidden.device, non_blocking=True), schema, rows)
         return logits.float()
 
 
