@@ -15,23 +15,26 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from typer.testing import CliRunner
 
+from clef_quant.cli import app
 from clef_quant.quantize.manifest import MANIFEST_FILE, sha256_file
 from clef_quant.quantize.writer import OWNER_FILE, Writer, process_start_ticks
 
 DRIVER = Path(__file__).with_name("quantize_driver.py")
-CLI = [sys.executable, "-c", "from clef_quant.cli import main; main()"]
 PLANTED = ("sitecustomize.py", "__init__.py", "clef_vllm.py", "modeling_evil.py")
 AUTO_MAP_FILES = ("config.json", "tokenizer_config.json", "processor_config.json")
 REACH_LIMIT_S = 180.0
 
 
-def clef_quant(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """The real CLI in its own process (wide, so rich does not wrap the lines a test reads)."""
-    env = {**os.environ, "COLUMNS": "300"}
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env)
+def clef_quant(*args: str) -> SimpleNamespace:
+    """The CLI as a user runs it (in this process, so the slow imports are paid once; wide, so rich wraps nothing
+    a test reads). Runs that must be held, signalled or killed run in their own process (`Held`)."""
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "300"})
+    return SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
 
 
 def quantize_args(source: Path, out: Path, *extra: str) -> list[str]:
@@ -358,7 +361,7 @@ def test_an_unprovable_writer_is_refused(tiny_dir: Path, tmp_path: Path, case: s
     writer = None if case == "no marker" else Writer(1, 1, "x", "elsewhere.example")
     partial = plant_partial(out, writer)
     result = clef_quant(*quantize_args(tiny_dir, out))
-    assert result.returncode == 2 and message in result.stderr and len(result.stderr.splitlines()) == 1
+    assert result.returncode == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert partial.is_dir()
 
 
