@@ -148,9 +148,11 @@ def test_planted_code_and_auto_map_are_left_out_with_one_warning(planted: Path, 
 
 def test_include_carries_a_file_and_an_auto_map_on_purpose(planted: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = clef_quant(*quantize_args(planted, out, "--include", "modeling_*.py", "--include", "config.json:auto_map"))
+    includes = ["--include", "modeling_*.py", "--include", "config.json:auto_map", "--include", "nothing*"]
+    result = clef_quant(*quantize_args(planted, out, *includes))
     assert result.returncode == 0, result.stderr
-    warning = next(line for line in result.stderr.splitlines() if line.startswith("warning:"))
+    warning, unused = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert unused == "warning: --include matched nothing in the source: nothing*"
     assert "modeling_evil.py" not in warning and "config.json:auto_map" not in warning.replace("_config.json", "")
     assert "sitecustomize.py" in warning and "tokenizer_config.json:auto_map" in warning
     assert (out / "modeling_evil.py").is_file()

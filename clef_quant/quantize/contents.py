@@ -91,15 +91,18 @@ class ReleaseContents:
     left_out: list[str] = field(default_factory=list)  # source paths and FILE:auto_map keys not carried
     included: list[Included] = field(default_factory=list)
     keep_keys: set[str] = field(default_factory=set)  # FILE:KEY entries to keep in the written JSON files
+    unused_patterns: list[str] = field(default_factory=list)  # --include patterns that named nothing
 
-    def warning(self) -> str | None:
-        if not self.left_out:
-            return None
-        shown = ", ".join(self.left_out)
-        return (
-            f"left out of the release ({len(self.left_out)}, not part of a Clef release and possibly code): {shown}; "
-            "pass --include PATTERN to carry one on purpose"
-        )
+    def warnings(self) -> list[str]:
+        found = []
+        if self.left_out:
+            found.append(
+                f"left out of the release ({len(self.left_out)}, not part of a Clef release and possibly code): "
+                f"{', '.join(self.left_out)}; pass --include PATTERN to carry one on purpose"
+            )
+        if self.unused_patterns:
+            found.append(f"--include matched nothing in the source: {', '.join(self.unused_patterns)}")
+        return found
 
 
 def source_files(source_dir: Path) -> list[str]:
@@ -111,8 +114,11 @@ def source_files(source_dir: Path) -> list[str]:
     return sorted(found)
 
 
-def _matches(name: str, patterns: Sequence[str]) -> str | None:
-    return next((p for p in patterns if fnmatchcase(name, p)), None)
+def _matches(name: str, patterns: Sequence[str], used: set[str] | None = None) -> str | None:
+    found = next((p for p in patterns if fnmatchcase(name, p)), None)
+    if found is not None and used is not None:
+        used.add(found)
+    return found
 
 
 def plan_contents(source_dir: Path, head_dir: Path, include: Sequence[str] = ()) -> ReleaseContents:
@@ -121,6 +127,7 @@ def plan_contents(source_dir: Path, head_dir: Path, include: Sequence[str] = ())
     at_root = head_dir.resolve() == source_dir.resolve()
     head_prefix = "" if at_root else f"{head_dir.resolve().relative_to(source_dir.resolve()).as_posix()}/"
     contents = ReleaseContents()
+    used: set[str] = set()
     for name in source_files(source_dir):
         if REPO_METADATA.match(name) or BACKBONE_OUTPUTS.match(name):
             continue
@@ -133,7 +140,7 @@ def plan_contents(source_dir: Path, head_dir: Path, include: Sequence[str] = ())
         elif name == RELEASE_CODE:
             contents.copies[name] = name
             contents.included.append(Included(name, CODE_REASON))
-        elif pattern := _matches(name, include):
+        elif pattern := _matches(name, include, used):
             contents.copies[name] = name
             if is_code(source_dir / name):
                 contents.included.append(Included(name, INCLUDE_REASON.format(pattern=pattern)))
@@ -144,11 +151,12 @@ def plan_contents(source_dir: Path, head_dir: Path, include: Sequence[str] = ())
         source = source_dir / ("config.json" if name == "config.json" else _source_of(contents, name))
         for key in remote_code_keys(source):
             entry = f"{name}:{key}"
-            if pattern := _matches(entry, include):
+            if pattern := _matches(entry, include, used):
                 contents.keep_keys.add(entry)
                 contents.included.append(Included(entry, INCLUDE_REASON.format(pattern=pattern)))
             else:
                 contents.left_out.append(entry)
+    contents.unused_patterns = [p for p in include if p not in used]
     return contents
 
 

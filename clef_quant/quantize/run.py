@@ -233,7 +233,7 @@ def _run(job: _Job) -> QuantizeResult:
         source_bytes=backbone_bytes(source_dir),
         out_bytes=backbone_bytes(job.out),
         notes=notes,
-        warnings=[w for w in (job.contents.warning(),) if w],
+        warnings=job.contents.warnings(),
     )
 
 
