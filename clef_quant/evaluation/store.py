@@ -142,6 +142,20 @@ def _check_distributions(probs: Any) -> str | None:
     return None
 
 
+_ID_FIELD = re.compile(r'"id":\s*"((?:[^"\\]|\\.)*)"')
+
+
+def _torn_id(line: str) -> str | None:
+    """The record id at the start of a torn line (lines begin with key and id), when it survived."""
+    match = _ID_FIELD.search(line)
+    if match is None:
+        return None
+    try:
+        return str(json.loads(f'"{match.group(1)}"'))
+    except json.JSONDecodeError:
+        return None
+
+
 class ProbabilityStore:
     """The stored records of one side, each verified before it is trusted.
 
@@ -168,7 +182,7 @@ class ProbabilityStore:
             record, problem = self._parse(line)
             if record is None:
                 if line.strip():
-                    self.rejected.append(problem or Rejected(f"line {number}", "torn or not JSON"))
+                    self.rejected.append(problem or Rejected(_torn_id(line) or f"line {number}", "torn or not JSON"))
                 continue
             good[record.key] = line  # a later line for the same record (a rescore) replaces the earlier
             self.records[record.key] = record
