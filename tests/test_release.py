@@ -272,6 +272,15 @@ def test_license_comes_from_the_source_card(tmp_path: Path) -> None:
         resolve_license(manifest, None, {})
 
 
+def test_license_comes_from_the_source_card_quantize_carried(tmp_path: Path) -> None:
+    """The source folder may be gone by the time `card` runs; its card travelled as source_card.md."""
+    (tmp_path / "source_card.md").write_text("---\nlicense: apache-2.0\n---\n# x\n")
+    manifest = {"source": {"id": str(tmp_path / "moved-away"), "local": True}}
+    assert read_source_front_matter(manifest) == {}
+    found = resolve_license(manifest, None, read_source_front_matter(manifest, tmp_path))
+    assert found == {"license": "apache-2.0"}
+
+
 def test_base_model_comes_from_the_manifest_source() -> None:
     commit = "a" * 40
     hub = {"source": {"id": "Cloudflare/clef-flash", "revision": commit, "local": False}}

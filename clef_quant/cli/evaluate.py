@@ -98,6 +98,20 @@ def build_data(
     Console().print(table)
 
 
+def _warn_rejected(sides: Any) -> None:
+    """One line per side whose stored probabilities did not all verify: they were scored again, not trusted."""
+    from clef_quant.evaluation.store import describe_rejected
+
+    for side in sides:
+        if side.rejected:
+            typer.secho(
+                f"warning: {side.name}: stored probabilities that did not verify were scored again "
+                f"({describe_rejected(side.rejected)})",
+                fg=typer.colors.YELLOW,
+                err=True,
+            )
+
+
 @user_errors
 def evaluate(
     reference: Annotated[
@@ -155,6 +169,7 @@ def evaluate(
     paths = write_results(run.results, out)
     _print_summary(Console(), run.results)
     typer.echo(f"records scored {run.scored}, reused {run.reused}")
+    _warn_rejected(run.sides)
     typer.echo("wrote " + ", ".join(str(p) for p in paths))
 
 

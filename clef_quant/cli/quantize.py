@@ -48,10 +48,23 @@ def quantize(
     max_seq_len: Annotated[int, typer.Option(help="Calibration length in tokens; the state is cut to fit.")] = 2048,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     overwrite: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+    include: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--include",
+            metavar="PATTERN",
+            help="Carry a source file the release allowlist leaves out (fnmatch on its folder-relative path; "
+            "FILE:auto_map keeps that key). Repeatable; what may run code is listed in the manifest.",
+        ),
+    ] = None,
     revision: RevisionOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llm-compressor's own logs.")] = False,
 ) -> None:
     """Quantize a Clef release: compressed backbone, head and tokenizer unchanged, manifest with hashes.
+
+    Only what a Clef release is made of is carried: configs, tokenizer and processor files, chat template,
+    generation config, licence and notice files, the source card (as source_card.md), the head (into clef_head/)
+    and joint_schema_model.py. Any other file, and any auto_map key, is left out and named in one warning.
 
     Examples:
       clef-quant quantize artifacts/tiny --scheme nvfp4 --calibration-records 16 --out artifacts/tiny-NVFP4
@@ -82,6 +95,7 @@ def quantize(
         device=device,
         overwrite=overwrite,
         revision=revision,
+        include=tuple(include or ()),
     )
     console = Console(file=sys.stderr)  # bound now: the real stderr, not the capture below
     try:
@@ -91,6 +105,8 @@ def quantize(
         name = signal.Signals(exc.signum).name
         typer.echo(f"interrupted by {name}; nothing was left behind in {out.parent}", err=True)
         raise typer.Exit(128 + exc.signum) from None
+    for warning in result.warnings:
+        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     _print_summary(Console(), result)
 
 
@@ -103,7 +119,9 @@ def inspect_checkpoint(
 
     Checks: keep-list bf16 (lm_head, vision tower, DeltaNet in_proj_a/b, embeddings), fused groups share one
     scheme and global scale (in_proj_qkv+in_proj_z, q/k/v, gate/up), config matches stored tensors, manifest
-    hashes (clef_quant.json), head files in clef_head/.
+    (clef_quant.json) present, valid and matching every file's sha256, no code or auto_map unless the manifest
+    includes it on purpose, head files in clef_head/. An unfinished output (DIR.partial) fails with one line.
+    A bf16 source release is inspected as a source and says so.
 
     Example: clef-quant inspect artifacts/tiny-NVFP4
     """
@@ -114,6 +132,9 @@ def inspect_checkpoint(
     report = run_inspect(folder)
     if as_json:
         typer.echo(json.dumps(_report_json(report), indent=2))
+    elif report.kind == "unfinished":
+        for violation in report.violations:  # nothing else was read
+            typer.secho(f"error: {violation.subject}: {violation.message}", fg=typer.colors.RED, err=True)
     else:
         _print_report(Console(), report)
     if not report.ok:
@@ -189,6 +210,8 @@ def _print_summary(console: Console, result: Any) -> None:
 
 
 def _print_report(console: Console, report: Any) -> None:
+    if report.kind == "source":
+        console.print(f"{report.folder}: a bf16 source release (not quantized), inspected as a source")
     modules = Table(title=f"Linear modules of {report.folder}", title_justify="left")
     # Names are what violations cite: never cut them (the kind is in the totals below).
     modules.add_column("module", no_wrap=True, overflow="fold")
@@ -232,6 +255,7 @@ def _print_report(console: Console, report: Any) -> None:
 def _report_json(report: Any) -> dict[str, Any]:
     return {
         "folder": str(report.folder),
+        "kind": report.kind,
         "ok": report.ok,
         "modules": [
             {"name": m.name, "kind": m.kind, "shape": list(m.shape), "scheme": m.scheme, "stored": m.stored}

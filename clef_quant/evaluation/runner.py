@@ -32,6 +32,7 @@ from clef_quant.evaluation.metrics import METRICS, QuestionObservation, RecordOb
 from clef_quant.evaluation.store import (
     FolderFingerprint,
     ProbabilityStore,
+    Rejected,
     StoredRecord,
     folder_fingerprint,
     record_key,
@@ -54,6 +55,7 @@ PLUGIN_CHUNK = 256
 Role = Literal["reference", "noise-floor", "candidate"]
 REFERENCE_NAME = "bf16 reference"
 NOISE_FLOOR_NAME = "noise floor (bf16 via plugin)"
+SHOWN_REJECTED = 5  # ids of stored records that did not verify, named in results.json and on the terminal
 
 
 class EngineProvider(Protocol):
@@ -111,6 +113,14 @@ class Side:
     scored: int = 0
     reused: int = 0
     seconds_scored: float = 0.0
+    rejected: list[Rejected] = field(default_factory=list)  # stored lines that did not verify (scored again)
+
+    def producer(self) -> dict[str, Any]:
+        """What produces this side's probabilities, hashed into every stored line."""
+        return {"model": self.fingerprint.sha256, "settings": self.settings}
+
+    def option_counts(self, index: int) -> list[int]:
+        return [len(options) for options in self.encodings[index].option_ids]
 
 
 @dataclass(frozen=True)
@@ -125,6 +135,10 @@ class EvalRun:
     @property
     def reused(self) -> int:
         return sum(side.reused for side in self.sides)
+
+    @property
+    def rejected(self) -> int:
+        return sum(len(side.rejected) for side in self.sides)
 
 
 # -- scoring helpers (shared with `clef-quant bench throughput`) -----------------------------------------------
@@ -263,7 +277,7 @@ def _score_side(
     for task, indices in _by_task(records).items():
         bar = f"{side.name} · {task}"
         progress.start(bar, len(indices))
-        missing = [i for i in indices if store.get(side.keys[i]) is None]
+        missing = [i for i in indices if store.get(side.keys[i], side.option_counts(i)) is None]
         side.reused += len(indices) - len(missing)
         progress.advance(bar, len(indices) - len(missing))
         if missing:
@@ -277,6 +291,7 @@ def _score_side(
             side.scored += len(missing)
             side.seconds_scored += sum(seconds for _, seconds in scored)
         progress.finish(bar)
+    side.rejected = list(store.rejected)
 
 
 def run_eval(
@@ -320,13 +335,13 @@ def run_eval(
         )
 
     probs_dir = Path(config.out) / PROBS_DIR
-    stores = {side.key: ProbabilityStore(probs_dir / f"{side.key}.jsonl") for side in sides}
+    stores = {side.key: ProbabilityStore(probs_dir / f"{side.key}.jsonl", side.producer()) for side in sides}
     _score_side(sides[0], data.records, stores[sides[0].key], _reference_scoring(scorer, config.batch_size), progress)
     del scorer  # the backbone's memory goes back before any engine starts
     gc.collect()
     for side in sides[1:]:
         store = stores[side.key]
-        if all(store.get(key) is not None for key in side.keys):
+        if all(store.get(key, side.option_counts(i)) is not None for i, key in enumerate(side.keys)):
             _score_side(side, data.records, store, _never, progress)  # all reused: no engine starts
             continue
         with engines.open(side.folder) as engine:
@@ -447,6 +462,8 @@ def _results(
                 "settings": side.settings,
                 "records_scored": side.scored,
                 "records_reused": side.reused,
+                "records_rejected": len(side.rejected),
+                "rejected": [str(r) for r in side.rejected[:SHOWN_REJECTED]],
                 "seconds_scored": round(side.seconds_scored, 3),
                 "probabilities": f"{PROBS_DIR}/{side.key}.jsonl",
             }

@@ -6,18 +6,24 @@ has none), how it runs (transformers or the plugin, dtype, device, engine settin
 tools. Each line's key also hashes the record's encoding (token ids, question types and spans), so a changed
 task file, tokenizer or maximum length is scored again while everything else is reused. Lines are appended
 after every batch: an interrupted run keeps what it scored.
+
+Every line carries two hashes, of what produced it and of its content, and nothing is reused that does not verify
+(see `ProbabilityStore`): an edited, NaN, wrong-shape or torn line is scored again and reported, never averaged in.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import re
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from clef_quant.evaluation.errors import DataError
 from clef_vllm.encoding import Encoding
 
 # Distributions whose versions can change scores.
@@ -97,37 +103,165 @@ class StoredRecord:
     probabilities: list[list[float]]  # per question, model order
 
 
+# How far a stored distribution may sum from 1 (float32 softmax, rounded by JSON: ~1e-7).
+SUM_TOLERANCE = 1e-3
+SHOWN_IDS = 5
+
+
+@dataclass(frozen=True)
+class Rejected:
+    id: str  # the record id, or "line N" when the line is too broken to name one
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.reason})"
+
+
+def producer_digest(key: str, producer: dict[str, Any]) -> str:
+    """The hash of what produced a record's probabilities: the record (its key hashes the encoding), the model
+    fingerprint and the engine settings."""
+    return _digest({"record": key, **producer})
+
+
+def content_digest(entry: dict[str, Any]) -> str:
+    """The hash of a stored line's content (id, task, tokens, seconds and the probabilities)."""
+    return _digest({name: entry.get(name) for name in ("key", "id", "task", "tokens", "seconds", "probs")})
+
+
+def _check_distributions(probs: Any) -> str | None:
+    """Why `probs` is not a list of probability distributions, or None."""
+    if not isinstance(probs, list) or not probs:
+        return "not a list of distributions"
+    for row in probs:
+        if not isinstance(row, list) or not row or not all(type(p) in (int, float) for p in row):
+            return "not a list of distributions"
+        if not all(math.isfinite(p) for p in row):
+            return "NaN or infinite probability"
+        if any(p < 0 or p > 1 for p in row) or abs(sum(row) - 1) > SUM_TOLERANCE:
+            return "not a probability distribution"
+    return None
+
+
+_ID_FIELD = re.compile(r'"id":\s*"((?:[^"\\]|\\.)*)"')
+
+
+def _torn_id(line: str) -> str | None:
+    """The record id at the start of a torn line (lines begin with key and id), when it survived."""
+    match = _ID_FIELD.search(line)
+    if match is None:
+        return None
+    try:
+        return str(json.loads(f'"{match.group(1)}"'))
+    except json.JSONDecodeError:
+        return None
+
+
 class ProbabilityStore:
-    """The stored records of one side; reading skips a torn last line left by a killed run."""
+    """The stored records of one side, each verified before it is trusted.
 
-    def __init__(self, path: Path) -> None:
+    A line is used only when its two hashes verify: `made_by` (the record, model fingerprint and engine settings
+    that produced it, so a line of another model or setting never passes for this one) and `sha256` (its content,
+    so an edited probability is caught); its probabilities must be finite distributions, and `get` checks their
+    shape against the record's option counts. Everything else is dropped, listed in `rejected`, and scored again
+    by the runner. On opening, a file holding rejected or torn lines is rewritten (atomically) with the good ones
+    only, so the next append starts on a fresh line and never joins a torn tail.
+    """
+
+    def __init__(self, path: Path, producer: dict[str, Any] | None = None) -> None:
         self.path = Path(path)
+        self.producer = producer or {}
         self.records: dict[str, StoredRecord] = {}
+        self.rejected: list[Rejected] = []
         if self.path.is_file():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    entry = json.loads(line)
-                    record = StoredRecord(
-                        entry["key"], entry["id"], entry["task"], entry["tokens"], entry["seconds"], entry["probs"]
-                    )
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue
-                self.records[record.key] = record
+            self._load()
 
-    def get(self, key: str) -> StoredRecord | None:
-        return self.records.get(key)
+    def _load(self) -> None:
+        text = self.path.read_text(encoding="utf-8", errors="replace")
+        good: dict[str, str] = {}
+        for number, line in enumerate(text.splitlines(), start=1):
+            record, problem = self._parse(line)
+            if record is None:
+                if line.strip():
+                    self.rejected.append(problem or Rejected(_torn_id(line) or f"line {number}", "torn or not JSON"))
+                continue
+            good[record.key] = line  # a later line for the same record (a rescore) replaces the earlier
+            self.records[record.key] = record
+        if self.rejected or (text and not text.endswith("\n")):
+            self._rewrite(list(good.values()))
+
+    def _parse(self, line: str) -> tuple[StoredRecord | None, Rejected | None]:
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            return None, None  # a torn line: named by its number
+        if not isinstance(entry, dict):
+            return None, None
+        record_id = str(entry.get("id", "?"))
+        try:
+            record = StoredRecord(
+                str(entry["key"]),
+                str(entry["id"]),
+                str(entry["task"]),
+                int(entry["tokens"]),
+                float(entry["seconds"]),
+                entry["probs"],
+            )
+        except (KeyError, TypeError, ValueError):
+            return None, Rejected(record_id, "fields missing")
+        if entry.get("sha256") != content_digest(entry):
+            return None, Rejected(record_id, "edited: content hash differs")
+        if entry.get("made_by") != producer_digest(record.key, self.producer):
+            return None, Rejected(record_id, "made by another model, record or settings")
+        problem = _check_distributions(record.probabilities)
+        if problem is not None:
+            return None, Rejected(record_id, problem)
+        return record, None
+
+    def _rewrite(self, lines: list[str]) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        try:
+            tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def get(self, key: str, option_counts: list[int] | None = None) -> StoredRecord | None:
+        """The verified record under `key`; one whose shape differs from `option_counts` is rejected (None)."""
+        record = self.records.get(key)
+        if record is None or option_counts is None:
+            return record
+        if [len(row) for row in record.probabilities] != list(option_counts):
+            del self.records[key]
+            shape = [len(row) for row in record.probabilities]
+            self.rejected.append(Rejected(record.id, f"wrong shape: {shape} options, expected {list(option_counts)}"))
+            return None
+        return record
 
     def add(self, records: list[StoredRecord]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for record in records:
+            entry: dict[str, Any] = {
+                "key": record.key,
+                "id": record.id,
+                "task": record.task,
+                "tokens": record.tokens,
+                "seconds": record.seconds,
+                "probs": record.probabilities,
+            }
+            problem = _check_distributions(record.probabilities)
+            if problem is not None:  # a model that gives NaN must not leave it for the next run to trust
+                raise DataError(f"record {record.id}: the model gave {problem}; nothing of it was stored")
+            entry["made_by"] = producer_digest(record.key, self.producer)
+            entry["sha256"] = content_digest(entry)
+            lines.append(json.dumps(entry, separators=(",", ":")) + "\n")
+            self.records[record.key] = record
         with open(self.path, "a", encoding="utf-8") as handle:
-            for record in records:
-                entry = {
-                    "key": record.key,
-                    "id": record.id,
-                    "task": record.task,
-                    "tokens": record.tokens,
-                    "seconds": record.seconds,
-                    "probs": record.probabilities,
-                }
-                handle.write(json.dumps(entry, separators=(",", ":")) + "\n")
-                self.records[record.key] = record
+            handle.write("".join(lines))  # one write per batch: a kill tears at most the last line
+
+
+def describe_rejected(rejected: list[Rejected]) -> str:
+    """`N (id (why), ...)`: the count and the first few, for a report line."""
+    shown = ", ".join(str(r) for r in rejected[:SHOWN_IDS])
+    more = f", and {len(rejected) - SHOWN_IDS} more" if len(rejected) > SHOWN_IDS else ""
+    return f"{len(rejected)}: {shown}{more}"

@@ -171,7 +171,7 @@ def write_card(config: CardConfig) -> CardResult:
         )
 
     base_model, source_revision = resolve_base_model(manifest, config.base_model)
-    front_matter = source_front_matter(manifest)
+    front_matter = source_front_matter(manifest, folder)
     license_data = resolve_license(manifest, config.license, front_matter)
     repo_id = config.repo_id or default_repo_id(base_model, manifest["scheme"])
     validate_repo_id(repo_id)  # the quickstart names it; a bad one would only fail at upload
@@ -249,14 +249,19 @@ def resolve_base_model(manifest: dict[str, Any], given: str | None) -> tuple[str
     )
 
 
-def source_front_matter(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The Hub front matter of the source release's README, when it can be found (local folder or the Hub)."""
+def source_front_matter(manifest: dict[str, Any], folder: Path | None = None) -> dict[str, Any]:
+    """The Hub front matter of the source release's README, when it can be found: the copy `quantize` carried into
+    the folder, else the source folder or the Hub."""
     from huggingface_hub.repocard import metadata_load
+
+    from clef_quant.quantize.contents import SOURCE_CARD_COPY
 
     source = manifest.get("source") or {}
     source_id = str(source.get("id") or "")
     readme: Path | None = None
-    if source.get("local") or Path(source_id).exists():
+    if folder is not None and (Path(folder) / SOURCE_CARD_COPY).is_file():
+        readme = Path(folder) / SOURCE_CARD_COPY
+    elif source.get("local") or Path(source_id).exists():
         candidate = Path(source_id) / CARD_FILE
         readme = candidate if candidate.is_file() else None
     elif source_id.count("/") == 1:

@@ -8,11 +8,16 @@ with targets, and an ignore list), cross-checked against the tensors actually st
 - fused groups: modules vLLM fuses into one layer (`in_proj_qkv`+`in_proj_z`, q/k/v, gate/up, b/a) have one
   scheme and, where they carry one, equal `weight_global_scale` tensors;
 - config and tensors agree: every module the config quantizes is stored quantized, and no other is;
-- manifest: `clef_quant.json` present and every sha256 matching (a folder clef-quant did not make has none:
-  that is said, and the rest is checked);
+- manifest: `clef_quant.json` present, valid and every sha256 matching; a quantized folder without one fails (it is
+  unfinished, or clef-quant did not make it), and the other checks still run;
+- code: no file that may run code (`.py`, pickles, shared libraries, scripts, executables) and no `auto_map` key
+  unless the manifest lists it as included on purpose (`included`, or the files `card` added);
 - head: `clef_head/joint_head.safetensors` and `joint_head_config.json` present.
 
-Works on any compressed-tensors checkpoint; only the head check is Clef-specific.
+A `DIR.partial` (or any folder holding a quantize run's writer marker) is unfinished: it fails at once with one
+line, nothing else is read. A bf16 source release (no quantization_config, no manifest, head at the root) is
+inspected as a source and says so: no manifest is expected, and code files are noted, not failed (quantize
+leaves them out).
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clef_quant.quantize.manifest import MANIFEST_FILE, read_manifest, verify_manifest
+from clef_quant.quantize.contents import RELEASE_CODE, code_in_folder
+from clef_quant.quantize.manifest import MANIFEST_FILE, ManifestError, read_manifest, verify_manifest
 from clef_quant.quantize.recipes import is_kept_bf16, matches_target
 from clef_quant.quantize.schemes import BF16, fused_groups_of, module_kind, scheme_label
+from clef_quant.quantize.writer import OWNER_FILE, PARTIAL_SUFFIX
 from clef_vllm.errors import CheckpointError
 from clef_vllm.head import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
 
@@ -37,6 +44,12 @@ CHECK_FUSED = "fused groups share scheme and global scale"
 CHECK_CONSISTENT = "config matches stored tensors"
 CHECK_MANIFEST = "manifest hashes"
 CHECK_HEAD = "head files present"
+CHECK_CODE = "no code unless included on purpose"
+CHECK_COMPLETE = "finished release"
+
+SOURCE = "source"
+RELEASE = "release"
+UNFINISHED = "unfinished"
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,7 @@ class InspectReport:
     notes: list[str] = field(default_factory=list)
     quant_method: str | None = None
     manifest: dict[str, Any] | None = None
+    kind: str = RELEASE  # RELEASE, SOURCE (a bf16 source release) or UNFINISHED (nothing but that was read)
 
     @property
     def ok(self) -> bool:
@@ -115,10 +129,13 @@ def read_tensor_index(folder: Path) -> dict[str, _Tensor]:
         raise CheckpointError(f"{folder} has no .safetensors files")
     index: dict[str, _Tensor] = {}
     for path in files:
-        with safe_open(str(path), framework="pt") as handle:
-            for key in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
-                tensor = handle.get_slice(key)
-                index[key] = _Tensor(path, tensor.get_dtype(), tuple(tensor.get_shape()))
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                for key in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
+                    tensor = handle.get_slice(key)
+                    index[key] = _Tensor(path, tensor.get_dtype(), tuple(tensor.get_shape()))
+        except Exception as exc:  # safetensors raises its own error types for a truncated or foreign file
+            raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from None
     return index
 
 
@@ -200,6 +217,10 @@ class _ConfigSchemes:
 def inspect_checkpoint(folder: str | Path, *, verify_hashes: bool = True) -> InspectReport:
     """Inspect a release folder; the report's `violations` say what is wrong, each naming its module or file."""
     folder = Path(folder)
+    unfinished = _unfinished(folder)
+    if unfinished:
+        checks = [CheckResult(CHECK_COMPLETE, "fail", "an unfinished quantize output")]
+        return InspectReport(folder, [], checks, unfinished, kind=UNFINISHED)
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{folder} is not a checkpoint folder: it has no config.json")
@@ -250,8 +271,15 @@ def inspect_checkpoint(folder: str | Path, *, verify_hashes: bool = True) -> Ins
     violations += _keep_list_violations(modules)
     violations += _fused_group_violations(modules, by_module)
 
-    manifest = read_manifest(folder)
-    manifest_check = _manifest_check(folder, manifest, verify_hashes, violations, notes)
+    manifest, manifest_error = None, None
+    try:
+        manifest = read_manifest(folder)
+    except ManifestError as exc:
+        manifest_error = str(exc)
+    is_source = not quantization_config and manifest is None and manifest_error is None
+    is_source = is_source and not (folder / HEAD_SUBDIR).exists()
+    manifest_check = _manifest_check(folder, manifest, manifest_error, is_source, verify_hashes, violations)
+    code_check = _code_check(folder, manifest, is_source, violations, notes)
     head_check = _head_check(folder, bool(quantization_config), violations)
 
     kept = [m.name for m in modules if m.scheme == BF16 and not is_kept_bf16(m.name)]
@@ -272,9 +300,34 @@ def inspect_checkpoint(folder: str | Path, *, verify_hashes: bool = True) -> Ins
         status(CHECK_FUSED, f"{len(groups)} fused group(s) consistent"),
         status(CHECK_CONSISTENT, f"{sum(m.quantized for m in modules)} quantized module(s) as configured"),
         manifest_check,
+        code_check,
         head_check,
     ]
-    return InspectReport(folder, modules, checks, violations, notes, quant_method, manifest)
+    kind = SOURCE if is_source else RELEASE
+    return InspectReport(folder, modules, checks, violations, notes, quant_method, manifest, kind)
+
+
+def _unfinished(folder: Path) -> list[Violation]:
+    """A `.partial` is never a release, whatever it holds; reading its half-written tensors would prove nothing."""
+    found = []
+    if folder.name.endswith(PARTIAL_SUFFIX):
+        found.append(
+            Violation(
+                CHECK_COMPLETE,
+                str(folder),
+                f"an unfinished quantize output ({PARTIAL_SUFFIX}): its run is still writing or was killed; "
+                "inspect the folder the run finishes, or quantize again",
+            )
+        )
+    if (folder / OWNER_FILE).exists():
+        found.append(
+            Violation(
+                CHECK_COMPLETE,
+                f"{folder / OWNER_FILE}",
+                "a quantize run's writer marker: the run did not finish its last step; quantize again",
+            )
+        )
+    return found
 
 
 def _natural_key(name: str) -> list[Any]:
@@ -332,13 +385,26 @@ def _scalar(tensor: Any) -> str:
 def _manifest_check(
     folder: Path,
     manifest: dict[str, Any] | None,
+    error: str | None,
+    is_source: bool,
     verify_hashes: bool,
     violations: list[Violation],
-    notes: list[str],
 ) -> CheckResult:
+    if error is not None:
+        violations.append(Violation(CHECK_MANIFEST, MANIFEST_FILE, error.replace(f"{folder / MANIFEST_FILE} ", "")))
+        return CheckResult(CHECK_MANIFEST, "fail", "unreadable manifest")
+    if manifest is None and is_source:
+        return CheckResult(CHECK_MANIFEST, "skipped", "a source release has none")
     if manifest is None:
-        notes.append(f"no {MANIFEST_FILE}: this folder was not made by clef-quant; file hashes not checked")
-        return CheckResult(CHECK_MANIFEST, "skipped", f"no {MANIFEST_FILE}")
+        violations.append(
+            Violation(
+                CHECK_MANIFEST,
+                MANIFEST_FILE,
+                "missing: a quantized folder without a manifest is unfinished or was not made by clef-quant "
+                "(make releases with clef-quant quantize)",
+            )
+        )
+        return CheckResult(CHECK_MANIFEST, "fail", f"no {MANIFEST_FILE}")
     if not verify_hashes:
         return CheckResult(CHECK_MANIFEST, "skipped", "hash verification turned off")
     problems = verify_manifest(folder, manifest)
@@ -347,6 +413,36 @@ def _manifest_check(
     if problems:
         return CheckResult(CHECK_MANIFEST, "fail", f"{len(problems)} file(s) differ from the manifest")
     return CheckResult(CHECK_MANIFEST, "pass", f"{len(manifest.get('files') or {})} file(s) match")
+
+
+def included_on_purpose(manifest: dict[str, Any] | None) -> set[str]:
+    """What the manifest names as carried on purpose: its `included` entries and the files `card` added."""
+    if manifest is None:
+        return set()
+    names = {entry["path"] for entry in manifest.get("included") or []}
+    return names | set((manifest.get("card") or {}).get("files") or [])
+
+
+def _code_check(
+    folder: Path, manifest: dict[str, Any] | None, is_source: bool, violations: list[Violation], notes: list[str]
+) -> CheckResult:
+    found = code_in_folder(folder, skip=(MANIFEST_FILE,))
+    if is_source:
+        left_out = [name for name in found if name != RELEASE_CODE]
+        if left_out:
+            notes.append(f"code that quantize leaves out of a release: {', '.join(left_out)}")
+        detail = "a source release" + (f"; {len(found)} code file(s)" if found else "")
+        return CheckResult(CHECK_CODE, "skipped", detail)
+    allowed = included_on_purpose(manifest)
+    unvetted = [name for name in found if name not in allowed]
+    for name in unvetted:
+        what = "a remote-code key" if ":" in name else "may run code"
+        violations.append(
+            Violation(CHECK_CODE, name, f"{what}, and the manifest does not list it as included on purpose")
+        )
+    if unvetted:
+        return CheckResult(CHECK_CODE, "fail", f"{len(unvetted)} unvetted")
+    return CheckResult(CHECK_CODE, "pass", f"{len(found)} included on purpose" if found else "none")
 
 
 def _head_check(folder: Path, quantized: bool, violations: list[Violation]) -> CheckResult:

@@ -4,6 +4,10 @@ The manifest is written last, after every other file is in place, and lists ever
 itself. `verify_manifest` re-hashes the folder and names each file that is missing, changed or unlisted.
 Hashing runs on a thread pool: hashlib releases the GIL on large buffers, so a 10 GB release hashes at disk
 speed rather than one core's.
+
+Reading validates the manifest (pydantic): a file that does not parse, or whose `files` map is not
+`{relative path: {"sha256": 64 hex, "size": int}}`, is a `ManifestError` with one line saying where, never a
+traceback deep in a later step. Paths must stay inside the folder (no absolute paths, no `..`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
+
+from clef_vllm.errors import CheckpointError
 
 MANIFEST_FILE = "clef_quant.json"
 MANIFEST_FORMAT = "clef-quant-manifest/1"
@@ -78,9 +86,13 @@ def build_manifest(
     recipe: dict[str, Any],
     calibration: dict[str, Any],
     run: dict[str, Any],
+    included: list[dict[str, str]] | None = None,
+    exclude: Iterable[str] = (),
     on_hashed: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """The manifest of a complete folder (everything but the manifest must already be written)."""
+    """The manifest of a complete folder (everything but the manifest must already be written); `exclude`
+    names files that are not part of the release (the writer marker)."""
+    skipped = set(exclude)
     return {
         "format": MANIFEST_FORMAT,
         "source": source,
@@ -89,22 +101,111 @@ def build_manifest(
         "tools": tool_versions(),
         "calibration": calibration,
         "run": run,
-        "files": hash_files(folder, folder_files(folder), on_hashed),
+        "included": list(included or []),
+        "files": hash_files(folder, [f for f in folder_files(folder) if f not in skipped], on_hashed),
     }
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
+    """Write the manifest atomically (temporary file, then rename), mode 0644."""
+    from clef_quant.quantize.contents import write_text_atomic
+
     path = folder / MANIFEST_FILE
-    path.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text_atomic(path, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     return path
 
 
+class ManifestError(CheckpointError):
+    """A manifest that does not parse or does not validate."""
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sha256: StrictStr = Field(pattern=r"^[0-9a-f]{64}$")
+    size: StrictInt = Field(ge=0)
+
+
+class IncludedEntry(BaseModel):
+    """A file (or FILE:KEY) that may run code and is in the release on purpose."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: StrictStr
+    why: StrictStr
+
+
+class CardEntry(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    files: list[StrictStr] = []
+
+
+def _safe_relative(name: str) -> str:
+    parts = name.split("/")
+    if not name or name.startswith("/") or "\\" in name or any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"{name!r} is not a path inside the folder")
+    return name
+
+
+class Manifest(BaseModel):
+    """The validated shape of `clef_quant.json`; sections other tools add are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    format: Literal["clef-quant-manifest/1"]
+    source: dict[str, Any]
+    scheme: StrictStr
+    recipe: dict[str, Any]
+    tools: dict[str, StrictStr | None]
+    calibration: dict[str, Any]
+    run: dict[str, Any]
+    files: dict[str, FileEntry]
+    included: list[IncludedEntry] = []
+    card: CardEntry | None = None
+
+    @field_validator("files")
+    @classmethod
+    def _paths_inside(cls, files: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        for name in files:
+            _safe_relative(name)
+            if name == MANIFEST_FILE:
+                raise ValueError(f"lists {MANIFEST_FILE} itself")
+        return files
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "top level"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {error['msg']}{more}"
+
+
+def parse_manifest(text: str, where: str = MANIFEST_FILE) -> dict[str, Any]:
+    """Validate a manifest's text; returns it as a dict, or raises ManifestError in one line."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{where} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{where} is not a manifest: a JSON {type(data).__name__}, not an object")
+    try:
+        Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise ManifestError(f"{where} is not a valid manifest: {_first_error(exc)}") from None
+    return data
+
+
 def read_manifest(folder: Path) -> dict[str, Any] | None:
-    """The manifest of `folder`, or None when it has none."""
+    """The validated manifest of `folder`, or None when it has none; ManifestError when it is broken."""
     path = Path(folder) / MANIFEST_FILE
     if not path.is_file():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"cannot read {path}: {exc}") from None
+    return parse_manifest(text, str(path))
 
 
 @dataclass(frozen=True)

@@ -4,28 +4,33 @@ The sequence: resolve the source and check everything that can be checked withou
 output folder, head, calibration file); encode the calibration requests (NVFP4 family); load the backbone;
 resolve the recipe against its Linear modules and refuse a plan that touches the keep-list or splits a fused
 group; run llm-compressor's `oneshot` with the qkv/z pair added to its fused-scale groups; save the compressed backbone
-into `DIR.partial`; copy the head into `clef_head/` and the tokenizer, processor, chat template, generation
-config and `joint_schema_model.py` unchanged; write the manifest last; rename `DIR.partial` to `DIR`.
+into `DIR.partial`; copy what the allowlist of `contents` names (head into `clef_head/`, tokenizer, processor,
+chat template, generation config, licences, the source card, `joint_schema_model.py`) and nothing else, without
+`auto_map` keys; set every file to 0644; write the manifest last; rename `DIR.partial` to `DIR`.
 
 Any failure, Ctrl-C or SIGTERM removes `DIR.partial`, so an interrupted run leaves neither folder. (SIGKILL
-cannot be caught: its leftover `DIR.partial` is removed by the next run, once its writer is gone.)
+cannot be caught: its leftover `DIR.partial` is removed by the next run, once its writer is provably gone; see
+`writer`.)
+
+`on_stage` is told each stage as the run reaches it (`STAGES`), in the process and thread of the run; a caller
+can log, measure, or hold the run there.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import resource
 import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clef_quant.quantize import progress as tasks
+from clef_quant.quantize import writer
 from clef_quant.quantize.calibration import (
     DEFAULT_MAX_SEQ_LEN,
     CalibrationSummary,
@@ -33,41 +38,27 @@ from clef_quant.quantize.calibration import (
     build_calibration,
     read_request_bodies,
 )
+from clef_quant.quantize.contents import (
+    BACKBONE_OUTPUTS,
+    ReleaseContents,
+    normalize_modes,
+    plan_contents,
+    strip_remote_code_keys,
+)
 from clef_quant.quantize.errors import Interrupted, QuantizeError
 from clef_quant.quantize.fused_scales import fused_global_scales
 from clef_quant.quantize.manifest import build_manifest, folder_files, write_manifest
 from clef_quant.quantize.plan import QuantPlan, parse_recipe, plan_quantization, recipe_needs_calibration
 from clef_quant.quantize.progress import NoProgress, Progress
 from clef_quant.quantize.recipes import Recipe, load_recipe
+from clef_quant.quantize.writer import OWNER_FILE, PARTIAL_SUFFIX
 from clef_quant.release import resolve_release
-from clef_vllm.head import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS, find_head_dir
+from clef_vllm.head import HEAD_SUBDIR, HEAD_WEIGHTS, find_head_dir
 
-PARTIAL_SUFFIX = ".partial"
-OWNER_FILE = ".clef_quant_writer"  # pid of the process writing a DIR.partial; removed before the manifest
-
-# Files a release carries that serving needs unchanged; copied byte for byte when the source has them.
-PASSENGER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-    "processor_config.json",
-    "preprocessor_config.json",
-    "video_preprocessor_config.json",
-    "generation_config.json",
-    "joint_schema_model.py",  # copied, never imported or executed
-)
-
-# Test hook: `CLEF_QUANT_PAUSE_AT=<stage>:<file>` makes the run touch <file> at <stage> (loaded, calibrating,
-# saved) and wait there, so a test can deliver a real signal at a known point.
-PAUSE_ENV = "CLEF_QUANT_PAUSE_AT"
-PAUSE_STAGES = ("loaded", "calibrating", "saved")
-PAUSE_LIMIT_S = 300.0
+# What `on_stage` is told, in order ("calibrating" only for schemes that calibrate).
+STAGES = ("checked", "claimed", "loaded", "calibrating", "saved", "copied", "hashed", "published")
+StageHook = Callable[[str], None]
+GENERATION_CONFIG = "generation_config.json"  # save_pretrained writes one; the source's replaces it when there
 
 
 @dataclass(frozen=True)
@@ -84,6 +75,7 @@ class QuantizeConfig:
     device: str = "cpu"
     overwrite: bool = False
     revision: str | None = None
+    include: tuple[str, ...] = ()  # fnmatch patterns of source files (or FILE:auto_map) to carry on purpose
 
 
 @dataclass
@@ -99,6 +91,7 @@ class QuantizeResult:
     source_bytes: int  # backbone weights of the source
     out_bytes: int  # backbone weights written
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def kept_bf16(self) -> list[str]:
@@ -114,14 +107,18 @@ class _Job:
     source_config: dict[str, Any]
     recipe: Recipe
     head_dir: Path
+    contents: ReleaseContents
     out: Path
     partial: Path
     progress: Progress
     started: float
+    on_stage: StageHook
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def quantize(config: QuantizeConfig, progress: Progress | None = None) -> QuantizeResult:
+def quantize(
+    config: QuantizeConfig, progress: Progress | None = None, on_stage: StageHook | None = None
+) -> QuantizeResult:
     """Run one quantization; raises QuantizeError/CheckpointError for input to fix, Interrupted on a signal."""
     started = time.perf_counter()
     source_dir, source_config, recipe, head_dir = _check_inputs(config)
@@ -132,15 +129,19 @@ def quantize(config: QuantizeConfig, progress: Progress | None = None) -> Quanti
         source_config=source_config,
         recipe=recipe,
         head_dir=head_dir,
+        contents=plan_contents(source_dir, head_dir, config.include),
         out=out,
         partial=out.with_name(out.name + PARTIAL_SUFFIX),
         progress=progress or NoProgress(),
         started=started,
+        on_stage=on_stage or (lambda _stage: None),
     )
     with _signals_raise():
+        job.on_stage("checked")
         # Claimed outside the cleanup: a DIR.partial that another live run owns must never be removed here.
-        _claim_partial(job.partial)
+        writer.claim(out, config.overwrite)
         with _cleanup_on_failure(job.partial):
+            job.on_stage("claimed")
             return _run(job)
 
 
@@ -179,26 +180,26 @@ def _run(job: _Job) -> QuantizeResult:
         progress.start(tasks.LOADING)
         model = _load_model(source_dir, job.source_config, device)
         progress.finish(tasks.LOADING)
-    _maybe_pause("loaded")
+    job.on_stage("loaded")
 
     plan = plan_quantization(model, recipe_obj)
 
     with _timed(timings, "quantize"):
-        _oneshot(model, recipe_obj, dataloader, tokenizer, progress)
+        _oneshot(model, recipe_obj, dataloader, tokenizer, progress, job.on_stage)
 
     with _timed(timings, "save"):
         progress.start(tasks.SAVING)
         model.save_pretrained(str(partial), save_compressed=True)
         progress.finish(tasks.SAVING)
     del model
-    _maybe_pause("saved")
+    job.on_stage("saved")
 
     with _timed(timings, "copy"):
-        _copy_release_files(source_dir, job.head_dir, partial)
-        (partial / OWNER_FILE).unlink(missing_ok=True)
+        _copy_release_files(source_dir, job.contents, partial)
+    job.on_stage("copied")
 
     with _timed(timings, "manifest"):
-        names = folder_files(partial)
+        names = [name for name in folder_files(partial) if name != OWNER_FILE]
         progress.start(tasks.COPYING, len(names))
         timings["total"] = time.perf_counter() - job.started  # the manifest holds the time up to hashing
         manifest = build_manifest(
@@ -208,12 +209,16 @@ def _run(job: _Job) -> QuantizeResult:
             recipe=_recipe_entry(recipe),
             calibration=calibration.to_dict(),
             run=_run_entry(config, device, timings),
+            included=[entry.to_dict() for entry in job.contents.included],
+            exclude=(OWNER_FILE,),
             on_hashed=lambda _name: progress.advance(tasks.COPYING),
         )
         write_manifest(partial, manifest)
         progress.finish(tasks.COPYING)
+    job.on_stage("hashed")
 
-    _publish(partial, job.out)
+    writer.publish(partial, job.out, config.overwrite)
+    job.on_stage("published")
 
     timings["total"] = time.perf_counter() - job.started
     return QuantizeResult(
@@ -228,6 +233,7 @@ def _run(job: _Job) -> QuantizeResult:
         source_bytes=backbone_bytes(source_dir),
         out_bytes=backbone_bytes(job.out),
         notes=notes,
+        warnings=job.contents.warnings(),
     )
 
 
@@ -314,7 +320,9 @@ def _first_linear(layer: Any) -> Any:
     return next((m for m in layer.modules() if isinstance(m, torch.nn.Linear)), None)
 
 
-def _oneshot(model: Any, recipe_obj: Any, dataloader: Any, tokenizer: Any, progress: Progress) -> None:
+def _oneshot(
+    model: Any, recipe_obj: Any, dataloader: Any, tokenizer: Any, progress: Progress, on_stage: StageHook
+) -> None:
     from llmcompressor import oneshot
 
     layers = _decoder_layers(model)
@@ -329,8 +337,8 @@ def _oneshot(model: Any, recipe_obj: Any, dataloader: Any, tokenizer: Any, progr
         # because llm-compressor traces through the layers themselves, while Linear modules stay leaf calls.
         def on_layer(index: int) -> Any:
             def hook(_module: Any, _args: Any) -> None:
-                if index == 0:
-                    _maybe_pause("calibrating")
+                if index == 0 and reached[0] == 0:
+                    on_stage("calibrating")
                 if index > reached[0]:
                     progress.advance(tasks.CALIBRATING, index - reached[0])
                     reached[0] = index
@@ -360,16 +368,26 @@ def _oneshot(model: Any, recipe_obj: Any, dataloader: Any, tokenizer: Any, progr
 # -- files ----------------------------------------------------------------------------------------------------
 
 
-def _copy_release_files(source_dir: Path, head_dir: Path, partial: Path) -> None:
-    """Head into clef_head/, passengers into the root, all byte for byte."""
+def _copy_release_files(source_dir: Path, contents: ReleaseContents, partial: Path) -> None:
+    """Keep only the backbone save_pretrained wrote (llm-compressor also copies the source's *.py files), copy the
+    allowlisted files byte for byte, drop remote-code keys, and give every file the same mode."""
+    for path in list(partial.iterdir()):
+        if path.name in (OWNER_FILE, GENERATION_CONFIG) or BACKBONE_OUTPUTS.match(path.name):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
     (partial / HEAD_SUBDIR).mkdir(exist_ok=True)
-    for name in (HEAD_WEIGHTS, HEAD_CONFIG):
-        shutil.copyfile(head_dir / name, partial / HEAD_SUBDIR / name)
-        # A head left at the root would be read as backbone weights by serving engines.
-        (partial / name).unlink(missing_ok=True)
-    for name in PASSENGER_FILES:
-        if (source_dir / name).is_file():
-            shutil.copyfile(source_dir / name, partial / name)
+    for source_name, release_name in contents.copies.items():
+        target = partial / release_name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source_dir / source_name, target)
+    for path in sorted(partial.rglob("*.json")):
+        name = path.relative_to(partial).as_posix()
+        keep = [entry.split(":", 1)[1] for entry in contents.keep_keys if entry.split(":", 1)[0] == name]
+        strip_remote_code_keys(path, keep)
+    normalize_modes(partial)
 
 
 def backbone_bytes(folder: Path) -> int:
@@ -398,40 +416,7 @@ def _run_entry(config: QuantizeConfig, device: str, timings: dict[str, float]) -
     }
 
 
-def _publish(partial: Path, out: Path) -> None:
-    """Rename the finished folder into place; an existing DIR (with --overwrite) is moved aside first."""
-    old = None
-    if out.exists():
-        old = out.with_name(f"{out.name}.old-{os.getpid()}")
-        out.rename(old)
-    partial.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 # -- process safety -------------------------------------------------------------------------------------------
-
-
-def _claim_partial(partial: Path) -> None:
-    """Create DIR.partial, removing one left by a dead run; refuse while another live run writes it."""
-    if partial.exists():
-        owner = partial / OWNER_FILE
-        pid = int(owner.read_text().strip() or 0) if owner.is_file() else 0
-        if pid and pid != os.getpid() and _alive(pid):
-            raise QuantizeError(f"{partial} is being written by process {pid}")
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
-    (partial / OWNER_FILE).write_text(str(os.getpid()))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @contextmanager
@@ -461,7 +446,7 @@ def _cleanup_on_failure(partial: Path) -> Iterator[None]:
     except BaseException:
         # A second Ctrl-C must not cut the cleanup short.
         with _signals_ignored():
-            shutil.rmtree(partial, ignore_errors=True)
+            writer.remove_partial(partial)
         raise
 
 
@@ -478,17 +463,6 @@ def _signals_ignored() -> Iterator[None]:
     finally:
         for sig, previous in saved.items():
             signal.signal(sig, previous)
-
-
-def _maybe_pause(stage: str) -> None:
-    value = os.environ.get(PAUSE_ENV, "")
-    wanted, _, ready_file = value.partition(":")
-    if wanted != stage or not ready_file:
-        return
-    Path(ready_file).write_text(str(os.getpid()))
-    deadline = time.monotonic() + PAUSE_LIMIT_S
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 # -- measurements ---------------------------------------------------------------------------------------------
