@@ -66,7 +66,8 @@ class SystemOneRequestBody(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: StrictStr | None = Field(default=None, description="Echoed in the response; the served name when absent")
+    # Optional, but a string when given: an explicit null is refused (the default is not validated).
+    model: StrictStr = Field(default=None, description="Echoed in the response; the served name when absent")  # type: ignore[assignment]
     state: JsonValue = Field(description="Any JSON; rendered as text, cut from its end when too long")
     images: list[str] | None = Field(default=None, description="Base64 images or data URLs")
     videos: list[list[str]] | None = Field(default=None, description="Videos as lists of base64 frames")

@@ -43,8 +43,8 @@ HOSTED_NAMES = ("clef", "clef-flash")  # the Workers AI model ids a self-hosted 
 CLIENT_CLOSED = 499
 
 
-def _responses(model: type) -> dict[int | str, dict[str, Any]]:
-    return {status: {"model": model, "description": "Error"} for status in ERROR_STATUSES}
+def _responses(model: type, *extra: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": model, "description": "Error"} for status in sorted((*ERROR_STATUSES, *extra))}
 
 
 def _cancel_on_disconnect(request: Request, work: asyncio.Task[Any]) -> asyncio.Task[None]:
@@ -162,7 +162,7 @@ def create_app(backend: EngineBackend, *, start_engine: bool = True) -> Any:
     @app.post(
         "/accounts/{account_id}/ai/run/@cf/cloudflare/{name:path}",
         response_model=WorkersAIResponse,
-        responses=_responses(WorkersAIErrorBody),
+        responses=_responses(WorkersAIErrorBody, 404),
         openapi_extra=openapi.request_body(),
         summary="Workers AI compatible route (Cloudflare's envelope)",
     )

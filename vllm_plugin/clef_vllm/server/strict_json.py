@@ -185,6 +185,6 @@ def _check_text(text: str, path: str) -> None:
         ) from None
 
 
-def _short(path: str, limit: int = 160) -> str:
+def _short(path: str, limit: int = 300) -> str:
     """Paths name the place; a very long one (long keys, deep nesting) keeps its two ends."""
     return path if len(path) <= limit else f"{path[: limit - 60]}...{path[-50:]}"
