@@ -163,12 +163,12 @@ def test_served_name_is_a_name_never_a_path(tmp_path):
     assert model_info("acme/clef-flash").name == "acme/clef-flash"
 
 
-def test_an_unexpected_error_is_a_json_500_without_internals(tiny_dir, caplog):
+def test_an_unexpected_error_is_a_json_500_without_internals(tmp_path, caplog):
     from clef_vllm.server.app import create_app
     from clef_vllm.server.backend import ServeConfig
 
     class Broken:
-        config = ServeConfig(model=str(tiny_dir))
+        config = ServeConfig(model=str(tmp_path))
         ready, dead = True, False
 
         async def score(self, body):
