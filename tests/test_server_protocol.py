@@ -272,7 +272,7 @@ def test_schemathesis_finds_no_5xx_and_only_documented_errors(server, tmp_path):
         "--generation-database", "none", "--request-timeout", "60",
         "--report", "junit", "--report-dir", str(tmp_path),
     ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=480)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=480, cwd=tmp_path)  # it writes files
     assert done.returncode == 0, done.stdout[-4000:]
     generated = int(re.search(r"(\d+) generated", done.stdout).group(1))
     assert generated >= 300, done.stdout[-2000:]
