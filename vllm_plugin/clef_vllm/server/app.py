@@ -116,7 +116,10 @@ def create_app(backend: EngineBackend, *, start_engine: bool = True) -> Any:
         except RequestError as exc:
             raise ApiError.bad_request(exc) from None
         except asyncio.CancelledError:
-            raise ClientDisconnect from None
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # the server itself is stopping: let it
+                raise
+            raise ClientDisconnect from None  # the watcher cancelled the work: the client left
         except Exception:
             logger.exception("%s scoring failed", request.state.request_id)
             if backend.dead:
