@@ -123,7 +123,8 @@ def test_models_and_openapi(systemone, tiny_dir):
     assert models["data"][0]["id"] == tiny_dir.name  # a name, never the folder's path
     spec = httpx.get(f"{url}/openapi.json").json()
     operation = spec["paths"]["/v1/systemone"]["post"]
-    assert "questions" in json.dumps(operation["requestBody"])
+    schema_ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    assert "questions" in json.dumps(spec["components"]["schemas"][schema_ref.rsplit("/", 1)[-1]])
     assert {"200", "400", "401", "413", "415"} <= set(operation["responses"])
 
 
