@@ -43,7 +43,6 @@ BAD_REQUESTS = [
     pytest.param([1, 2], ["JSON object"], None, id="not-a-dict-list"),
     pytest.param("text", ["JSON object"], None, id="not-a-dict-string"),
     pytest.param(None, ["JSON object"], None, id="not-a-dict-null"),
-    pytest.param(without("model"), ["model", "required"], "model", id="missing-model"),
     pytest.param(body(model=5), ["model"], "model", id="model-not-a-string"),
     pytest.param(body(model=None), ["model"], "model", id="model-null"),
     pytest.param(without("state"), ["state", "required"], "state", id="missing-state"),
@@ -86,8 +85,8 @@ BAD_REQUESTS = [
         "questions.q1.criteria",
         id="noul-criteria-list",
     ),
-    pytest.param(body(choice(1)), ['"q1"', "at least 2", "got 1"], "questions.q1.criteria", id="choice-1-option"),
-    pytest.param(body(score(1)), ['"q1"', "at least 2", "got 1"], "questions.q1.criteria", id="score-1-level"),
+    pytest.param(body(choice(0)), ['"q1"', "non-empty criteria"], "questions.q1.criteria", id="choice-0-options"),
+    pytest.param(body(score(0)), ['"q1"', "non-empty criteria"], "questions.q1.criteria", id="score-0-levels"),
     pytest.param(body(choice(257)), ['"q1"', "257", "256"], "questions.q1.criteria", id="choice-257-options"),
     pytest.param(body(score(257)), ['"q1"', "257", "256"], "questions.q1.criteria", id="score-257-levels"),
     pytest.param(
@@ -212,6 +211,19 @@ def test_two_options_and_100_char_ids_are_accepted():
     request = parse_request(body({qid: {"type": "choice", "criteria": {oid: "a", "b": None}}}))
     assert request.questions[0].id == qid
     assert [o.id for o in request.questions[0].options] == ["b", oid]
+
+
+def test_one_option_choice_and_one_level_score_are_accepted_as_the_release_does():
+    request = parse_request(body(choice(1, "c") | score(1, "s")))
+    assert [len(q.options) for q in request.questions] == [1, 1]
+    answers = build_response(request, [[1.0], [1.0]], 10)["answers"]
+    assert answers["c"] == {"type": "choice", "choice": "o0", "confidence": 1.0, "probabilities": {"o0": 1.0}}
+    assert answers["s"]["score"] == 0.0 and answers["s"]["probabilities"] == {"0": 1.0}
+
+
+def test_model_is_optional_but_a_string_when_given():
+    assert parse_request(without("model")).model is None
+    assert parse_request(body(model="anything")).model == "anything"
 
 
 @pytest.mark.parametrize("state", [None, "", 0, [], {}, "text", {"nested": {"deep": [1, None]}}])

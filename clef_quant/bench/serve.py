@@ -38,6 +38,8 @@ class ServeBenchResult:
     server_requests_s: float = 0.0
     reference_records_s: float = 0.0
     server_errors: int = 0
+    compress_above: int | None = None
+    compressed_requests: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -63,7 +65,20 @@ def _offline(model: Path, bodies: list[dict[str, Any]], engine_kwargs: dict[str,
     return len(bodies) / elapsed
 
 
-async def _clients(url: str, bodies: list[dict[str, Any]], clients: int) -> tuple[float, int]:
+def _request(body: dict[str, Any], compress_above: int | None) -> tuple[bytes, dict[str, str]]:
+    """The bytes a client sends: zstd above `compress_above` bytes, as SystemOne clients do."""
+    import zstandard
+
+    raw = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if compress_above is not None and len(raw) > compress_above:
+        return zstandard.ZstdCompressor().compress(raw), {**headers, "Content-Encoding": "zstd"}
+    return raw, headers
+
+
+async def _clients(
+    url: str, bodies: list[dict[str, Any]], clients: int, compress_above: int | None = None
+) -> tuple[float, int]:
     import httpx
 
     queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -74,8 +89,8 @@ async def _clients(url: str, bodies: list[dict[str, Any]], clients: int) -> tupl
     async def client(http: httpx.AsyncClient) -> None:
         nonlocal errors
         while not queue.empty():
-            body = queue.get_nowait()
-            response = await http.post(f"{url}/v1/systemone", json=body, timeout=600)
+            content, headers = _request(queue.get_nowait(), compress_above)
+            response = await http.post(f"{url}/v1/systemone", content=content, headers=headers, timeout=600)
             errors += response.status_code != 200
 
     limits = httpx.Limits(max_connections=clients)
@@ -86,13 +101,15 @@ async def _clients(url: str, bodies: list[dict[str, Any]], clients: int) -> tupl
         return len(bodies) / (time.perf_counter() - start), errors
 
 
-def _server(model: Path, bodies: list[dict[str, Any]], clients: int, engine_flags: list[str]) -> tuple[float, int]:
+def _server(
+    model: Path, bodies: list[dict[str, Any]], clients: int, engine_flags: list[str], compress_above: int | None
+) -> tuple[float, int]:
     port = free_port()
     with (
         tempfile.TemporaryDirectory() as logs,
         running(systemone_command(model, port, *engine_flags), port, Path(logs) / "systemone.log"),
     ):
-        return asyncio.run(_clients(f"http://127.0.0.1:{port}", bodies, clients))
+        return asyncio.run(_clients(f"http://127.0.0.1:{port}", bodies, clients, compress_above))
 
 
 def _reference(model: Path, bodies: list[dict[str, Any]], dtype: str, device: str) -> float:
@@ -115,9 +132,12 @@ def run_serve_bench(
     max_model_len: int = 4096,
     max_num_batched_tokens: int = 8192,
     device: str = "cpu",
+    compress_above: int | None = 1024,
     on_stage: Callable[[str], None] | None = None,
 ) -> ServeBenchResult:
-    """Score the same `records` requests offline, through the server, and with the reference."""
+    """Score the same `records` requests offline, through the server, and with the reference.
+
+    Server clients send bodies larger than `compress_above` bytes zstd-compressed (None: never)."""
     from transformers import AutoTokenizer
 
     from clef_vllm.encoding import encode_request
@@ -126,7 +146,11 @@ def run_serve_bench(
     bodies = varied_requests(records, seed=11)
     tokenizer = AutoTokenizer.from_pretrained(model)
     tokens = sum(encode_request(parse_request(b), tokenizer, max_length=max_model_len).num_tokens for b in bodies)
-    result = ServeBenchResult(model=str(model), records=records, tokens=tokens, clients=clients)
+    result = ServeBenchResult(
+        model=str(model), records=records, tokens=tokens, clients=clients, compress_above=compress_above
+    )
+    if compress_above is not None:
+        result.compressed_requests = sum(len(json.dumps(b).encode()) > compress_above for b in bodies)
     engine_kwargs: dict[str, Any] = {"max_model_len": max_model_len, "max_num_batched_tokens": max_num_batched_tokens}
     flags = ["--max-model-len", str(max_model_len), "--max-num-batched-tokens", str(max_num_batched_tokens)]
     if device == "cpu":
@@ -138,7 +162,7 @@ def run_serve_bench(
     stage("offline engine")
     result.offline_records_s = _offline(model, bodies, engine_kwargs)
     stage(f"clef-systemone, {clients} clients")
-    result.server_requests_s, result.server_errors = _server(model, bodies, clients, flags)
+    result.server_requests_s, result.server_errors = _server(model, bodies, clients, flags, compress_above)
     stage("transformers reference")
     result.reference_records_s = _reference(model, bodies, "bfloat16", device)
     return result
@@ -179,6 +203,11 @@ def render_markdown(result: ServeBenchResult, command: str, machine: str) -> str
         "",
         f"Server errors: {result.server_errors}.",
     ]
+    if result.compress_above is not None:
+        lines.append(
+            f"- server clients send bodies above {result.compress_above} bytes with `Content-Encoding: zstd` "
+            f"({result.compressed_requests} of {result.records} requests), compressing inside the timed loop"
+        )
     lines += [f"- {note}" for note in result.notes]
     return "\n".join(lines) + "\n"
 

@@ -110,6 +110,9 @@ def serve(
     clients: Annotated[int, typer.Option(min=1, help="Concurrent HTTP clients.")] = 32,
     max_model_len: Annotated[int, typer.Option(min=256)] = 4096,
     max_num_batched_tokens: Annotated[int, typer.Option(min=256)] = 8192,
+    compress_above: Annotated[
+        int, typer.Option(min=-1, help="Clients zstd-compress bodies larger than this many bytes (-1: never).")
+    ] = 1024,
     out: Annotated[Path, typer.Option(help="Report path.")] = Path("bench/results/serve-cpu.md"),
 ) -> None:
     """Server requests/s at N concurrent clients vs the offline engine's records/s, and the plugin's
@@ -135,6 +138,7 @@ def serve(
             clients=clients,
             max_model_len=max_model_len,
             max_num_batched_tokens=max_num_batched_tokens,
+            compress_above=None if compress_above < 0 else compress_above,
             on_stage=lambda stage: status.update(stage),
         )
     command = shlex.join(["clef-quant", *sys.argv[1:]])

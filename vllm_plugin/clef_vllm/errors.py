@@ -11,19 +11,23 @@ class ClefError(Exception):
 
 
 class RequestError(ClefError):
-    """A SystemOne request that breaks the format or a limit; `field` names where (e.g. `questions.q1.criteria`)."""
+    """A SystemOne request that breaks the format or a limit; `field` names where (e.g. `questions.q1.criteria`)
+    and `code` is a stable machine-readable reason that clients can switch on."""
 
-    def __init__(self, message: str, field: str | None = None) -> None:
+    def __init__(self, message: str, field: str | None = None, code: str = "invalid_request") -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        self.code = code
 
 
 class SchemaTooLongError(RequestError):
     """The prompt without its state already exceeds the maximum length."""
 
     def __init__(self, required: int, maximum: int) -> None:
-        super().__init__(f"schema requires {required} tokens before state; maximum is {maximum}")
+        super().__init__(
+            f"schema requires {required} tokens before state; maximum is {maximum}", "questions", "schema_too_long"
+        )
         self.required = required
         self.maximum = maximum
 

@@ -17,7 +17,7 @@ from clef_vllm.errors import RequestError
 MAX_QUESTIONS = 64
 MAX_CHOICE_OPTIONS = 256
 MAX_SCORE_LEVELS = 256
-MIN_OPTIONS = 2
+MIN_OPTIONS = 1  # the release and the SystemOne schema accept a one-option choice and a one-level score
 MAX_ID_LENGTH = 100
 
 NOUL_DEFAULTS = {
@@ -66,7 +66,8 @@ class SystemOneRequestBody(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: StrictStr
+    # Optional, but a string when given: an explicit null is refused (the default is not validated).
+    model: StrictStr = Field(default=None, description="Echoed in the response; the served name when absent")  # type: ignore[assignment]
     state: JsonValue = Field(description="Any JSON; rendered as text, cut from its end when too long")
     images: list[str] | None = Field(default=None, description="Base64 images or data URLs")
     videos: list[list[str]] | None = Field(default=None, description="Videos as lists of base64 frames")
@@ -94,7 +95,7 @@ class Question:
 
 @dataclass(frozen=True)
 class ClefRequest:
-    model: str
+    model: str | None  # None when the client left it out; servers answer with their served name
     state: Any
     questions: tuple[Question, ...]
     images: tuple[str, ...] = ()

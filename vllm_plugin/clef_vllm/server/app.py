@@ -1,8 +1,8 @@
-"""The FastAPI application: routes, authentication, body cap and the one error shape.
+"""The FastAPI application: routes and authentication; the body pipeline, errors and ids live next door.
 
-Every error leaves as `{"error": {"type", "message"}}`: 400 for anything wrong with the request (the
-message names the field), 401 without the right key, 413 over the body cap, 503 while starting or once the
-engine has died, 500 (without internal details) for our own failures.
+A request goes: request id (request_ids) -> key check -> body read with cap and decompression (body) ->
+strict JSON (strict_json) -> the engine (backend) -> the SystemOne body, or inside Cloudflare's envelope on
+the Workers AI route. Every error leaves in one shape (error_shape).
 """
 
 from __future__ import annotations
@@ -10,57 +10,59 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from clef_vllm.errors import RequestError
-from clef_vllm.request import SystemOneRequestBody
+from clef_vllm.server import openapi, strict_json
 from clef_vllm.server.backend import EngineBackend
-from clef_vllm.server.schemas import ErrorBody, Health, ModelCard, ModelList, SystemOneResponse
+from clef_vllm.server.body import read_body
+from clef_vllm.server.error_shape import ApiError, install
+from clef_vllm.server.model_info import model_info
+from clef_vllm.server.request_ids import RequestContext
+from clef_vllm.server.schemas import (
+    ErrorBody,
+    Health,
+    ModelCard,
+    ModelEntry,
+    ModelList,
+    SystemOneResponse,
+    WorkersAIErrorBody,
+    WorkersAIResponse,
+)
 
 logger = logging.getLogger("clef_vllm.server")
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody} for status in (400, 401, 413, 500, 503)
-}
+ERROR_STATUSES = (400, 401, 408, 413, 415, 422, 500, 503)
+HOSTED_NAMES = ("clef", "clef-flash")  # the Workers AI model ids a self-hosted release stands in for
+CLIENT_CLOSED = 499
 
 
-def error(status: int, kind: str, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"type": kind, "message": message}})
+def _responses(model: type, *extra: int) -> dict[int | str, dict[str, Any]]:
+    return {status: {"model": model, "description": "Error"} for status in sorted((*ERROR_STATUSES, *extra))}
 
 
-class BodyTooLarge(Exception):
-    pass
+def _cancel_on_disconnect(request: Request, work: asyncio.Task[Any]) -> asyncio.Task[None]:
+    async def watch() -> None:
+        while not work.done():
+            if await request.is_disconnected():
+                work.cancel()
+                return
+            await asyncio.sleep(0.1)
+
+    return asyncio.create_task(watch())
 
 
-async def read_capped(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _cancel_on_disconnect(request: Request, work: asyncio.Task[Any]) -> None:
-    while not work.done():
-        if await request.is_disconnected():
-            work.cancel()
-            return
-        await asyncio.sleep(0.1)
-
-
-def create_app(backend: EngineBackend, *, start_engine: bool = True) -> FastAPI:
+def create_app(backend: EngineBackend, *, start_engine: bool = True) -> Any:
+    """The ASGI application (FastAPI wrapped in the request-id layer); `.fastapi` is the FastAPI app."""
     config = backend.config
+    info = model_info(config.model, config.served_model_name)
+    served_name = info.name
 
     async def start_and_warm_up() -> None:
         # The engine starts in a thread so that the server answers /health (503) while it loads.
@@ -88,66 +90,94 @@ def create_app(backend: EngineBackend, *, start_engine: bool = True) -> FastAPI:
         summary="Joint schema decisions from a Clef-Flash checkpoint served by vLLM",
         lifespan=lifespan,
     )
+    install(app)
+    openapi.install(app, config.limits)
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Any) -> Any:
-        if config.api_key and request.url.path.startswith("/v1/"):
-            given = request.headers.get("authorization", "")
-            expected = f"Bearer {config.api_key}"
-            if not hmac.compare_digest(given.encode(), expected.encode()):
-                return error(401, "authentication_error", "missing or invalid API key (Authorization: Bearer ...)")
-        return await call_next(request)
+    def check_key(request: Request) -> None:
+        if not config.api_key:
+            return
+        scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
+            raise ApiError(401, "invalid_api_key", "missing or invalid API key (Authorization: Bearer KEY)")
+
+    async def answer(request: Request) -> dict[str, Any]:
+        check_key(request)
+        if backend.dead:
+            raise ApiError(503, "engine_dead", "the engine has stopped; restart the server")
+        if not backend.ready:
+            raise ApiError(503, "engine_starting", "the model is still loading")
+        raw = await read_body(request, config.max_body_bytes)
+        body = await asyncio.to_thread(strict_json.loads, raw)
+        del raw
+        work = asyncio.create_task(backend.score(body))
+        watcher = _cancel_on_disconnect(request, work)
+        try:
+            result = await work
+        except RequestError as exc:
+            raise ApiError.bad_request(exc) from None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # the server itself is stopping: let it
+                raise
+            raise ClientDisconnect from None  # the watcher cancelled the work: the client left
+        except Exception:
+            logger.exception("%s scoring failed", request.state.request_id)
+            if backend.dead:
+                raise ApiError(503, "engine_dead", "the engine has stopped; restart the server") from None
+            raise ApiError(500, "internal_error", "internal error while scoring the request") from None
+        finally:
+            watcher.cancel()
+        sent = body.get("model") if isinstance(body, dict) else None
+        result["model"] = sent if isinstance(sent, str) else served_name
+        return result
+
+    async def answer_or_abort(request: Request) -> dict[str, Any] | Response:
+        try:
+            return await answer(request)
+        except ClientDisconnect:
+            logger.info("%s client went away before the answer; request dropped", request.state.request_id)
+            return Response(status_code=CLIENT_CLOSED)
 
     @app.get("/health", response_model=Health, responses={503: {"model": Health}})
     async def health() -> Any:
         if backend.dead:
-            return JSONResponse(status_code=503, content={"status": "dead"})
+            return JSONResponse(status_code=503, content={"status": "dead"}, headers={"Retry-After": "5"})
         if not backend.ready:
-            return JSONResponse(status_code=503, content={"status": "starting"})
+            return JSONResponse(status_code=503, content={"status": "starting"}, headers={"Retry-After": "5"})
         return {"status": "ok"}
 
-    @app.get("/v1/models", response_model=ModelList)
-    async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=config.model_name, max_model_len=config.max_model_len)])
+    @app.get("/v1/models", response_model=ModelList, responses={401: {"model": ErrorBody}})
+    async def models(request: Request) -> ModelList:
+        check_key(request)
+        card = ModelCard(id=served_name, created=info.created, max_model_len=config.max_model_len)
+        entry = ModelEntry(name=served_name, description=info.description, release_date=info.release_date)
+        return ModelList(data=[card], models=[entry])
 
     @app.post(
         "/v1/systemone",
         response_model=SystemOneResponse,
-        responses=ERROR_RESPONSES,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": SystemOneRequestBody.model_json_schema()}},
-            }
-        },
+        responses=_responses(ErrorBody),
+        openapi_extra=openapi.request_body(),
     )
     async def systemone(request: Request) -> Any:
-        if backend.dead:
-            return error(503, "service_unavailable", "the engine has stopped; restart the server")
-        if not backend.ready:
-            return error(503, "service_unavailable", "the model is still loading")
-        try:
-            raw = await read_capped(request, config.max_body_bytes)
-        except BodyTooLarge:
-            return error(413, "request_too_large", f"request body exceeds {config.max_body_bytes} bytes")
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return error(400, "invalid_request_error", f"body is not valid JSON: {exc}")
-        work = asyncio.create_task(backend.score(body))
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, work))
-        try:
-            return await work
-        except RequestError as exc:
-            return error(400, "invalid_request_error", exc.message)
-        except asyncio.CancelledError:
-            return error(499, "client_closed_request", "client disconnected")
-        except Exception:
-            logger.exception("scoring failed")
-            if backend.dead:
-                return error(503, "service_unavailable", "the engine has stopped; restart the server")
-            return error(500, "server_error", "internal error while scoring the request")
-        finally:
-            watcher.cancel()
+        return await answer_or_abort(request)
 
-    return app
+    @app.post(
+        "/accounts/{account_id}/ai/run/@cf/cloudflare/{name:path}",
+        response_model=WorkersAIResponse,
+        responses=_responses(WorkersAIErrorBody, 404),
+        openapi_extra=openapi.request_body(),
+        summary="Workers AI compatible route (Cloudflare's envelope)",
+    )
+    async def workers_ai(request: Request, account_id: str, name: str) -> Any:
+        check_key(request)
+        if name not in (*HOSTED_NAMES, served_name):
+            raise ApiError(404, "model_not_found", f"model @cf/cloudflare/{name} is not served here", "name")
+        result = await answer_or_abort(request)
+        if isinstance(result, Response):
+            return result
+        return {"success": True, "result": result, "errors": [], "messages": []}
+
+    wrapped = RequestContext(app)
+    wrapped.fastapi = app  # type: ignore[attr-defined]
+    return wrapped

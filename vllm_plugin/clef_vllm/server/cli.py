@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH
+from clef_vllm.server.connections import ConnectionLimits
 
 API_KEY_ENV = "CLEF_SYSTEMONE_API_KEY"
 
@@ -18,11 +20,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         epilog="Example: clef-systemone --model artifacts/tiny --port 8000",
     )
     parser.add_argument("--model", required=True, help="release folder or Hub id")
-    parser.add_argument("--served-model-name", help="name reported by /v1/models (default: --model)")
+    parser.add_argument(
+        "--served-model-name",
+        help="name reported by /v1/models and echoed when a request has no model (default: the model card's "
+        "name, else the folder's name, else the Hub id)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (or set {API_KEY_ENV})")
-    parser.add_argument("--max-body-mb", type=float, default=13.0, help="larger bodies get 413")
+    parser.add_argument(
+        "--max-body-mb", type=float, default=13.0, help="larger bodies get 413; counted after decompression (13)"
+    )
+    limits = ConnectionLimits()
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=limits.header_timeout,
+        help=f"seconds for a request's headers to arrive, else 408 and close ({limits.header_timeout:g})",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=limits.body_timeout,
+        help=f"seconds for a request's whole body to arrive, else 408 and close ({limits.body_timeout:g})",
+    )
+    parser.add_argument(
+        "--idle-timeout", type=float, default=5.0, help="seconds an idle keep-alive connection stays open (5)"
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=limits.max_connections,
+        help=f"open connections beyond this get 503 and are closed ({limits.max_connections})",
+    )
     parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_LENGTH)
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     parser.add_argument("--dp", type=int, default=1, help="data parallel engines (one per GPU), one port")
@@ -38,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from clef_vllm.server.app import create_app
     from clef_vllm.server.backend import EngineBackend, ServeConfig
+    from clef_vllm.server.connections import guarded_protocol
 
     config = ServeConfig(
         model=args.model,
@@ -55,7 +86,27 @@ def main(argv: list[str] | None = None) -> None:
     )
     if not os.path.isdir(config.model) and config.model.count("/") != 1:
         sys.exit(f"error: {config.model} is neither a folder nor a Hub id")
-    uvicorn.run(create_app(EngineBackend(config)), host=config.host, port=config.port, log_level="info")
+    limits = ConnectionLimits(args.header_timeout, args.body_timeout, args.max_connections)
+    _log_requests()
+    uvicorn.run(
+        create_app(EngineBackend(config)),
+        host=config.host,
+        port=config.port,
+        log_level="info",
+        access_log=False,  # one line per request comes from the request-id layer, with the id
+        timeout_keep_alive=int(args.idle_timeout) or 1,
+        http=guarded_protocol(limits),
+    )
+
+
+def _log_requests() -> None:
+    logger = logging.getLogger("clef_vllm.server")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s clef-systemone: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 if __name__ == "__main__":

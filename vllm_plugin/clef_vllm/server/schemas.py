@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
@@ -33,30 +33,59 @@ class Usage(BaseModel):
 
 
 class SystemOneResponse(BaseModel):
-    model: str
+    model: str = Field(description="The request's `model` as sent, else the served model name")
     answers: dict[str, NoulAnswer | ChoiceAnswer | ScoreAnswer]
     usage: Usage
 
 
 class ErrorDetail(BaseModel):
-    type: str
-    message: str
+    type: str = Field(description="Follows the status: invalid_request_error, authentication_error, ...")
+    code: str = Field(description="Stable reason, e.g. invalid_json, duplicate_key, body_too_large, not_found")
+    message: str = Field(description="One line meant for people; names the field at fault")
+    field: str | None = Field(description="The part of the request at fault (`questions.q1.criteria`), or null")
 
 
 class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+class WorkersAIError(BaseModel):
+    code: int = Field(description="The HTTP status")
+    message: str
+
+
+class WorkersAIResponse(BaseModel):
+    success: Literal[True]
+    result: SystemOneResponse
+    errors: list[Any] = Field(max_length=0)
+    messages: list[Any] = Field(max_length=0)
+
+
+class WorkersAIErrorBody(BaseModel):
+    success: Literal[False]
+    result: None
+    errors: list[WorkersAIError] = Field(min_length=1)
+    messages: list[Any]
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
+    created: int
     owned_by: str = "clef"
     max_model_len: int
 
 
+class ModelEntry(BaseModel):
+    name: str
+    description: str
+    release_date: str = Field(description="YYYY-MM-DD")
+
+
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
-    data: list[ModelCard]
+    data: list[ModelCard] = Field(description="OpenAI shape")
+    models: list[ModelEntry] = Field(description="SystemOne shape")
 
 
 class Health(BaseModel):

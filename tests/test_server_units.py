@@ -1,0 +1,206 @@
+"""The server's pure pieces without an engine: strict JSON, body decoders, model names, the JSON 500."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import zlib
+
+import httpx
+import pytest
+import zstandard
+
+from clef_vllm.errors import RequestError
+from clef_vllm.server import strict_json
+from clef_vllm.server.body import TooLarge, decoder_for
+from clef_vllm.server.error_shape import ApiError
+from clef_vllm.server.model_info import model_info
+
+NOUL = b'"questions": {"q": {"type": "noul"}}'
+
+
+def deep(levels: int, closed: bool = True) -> bytes:
+    return b"[" * levels + (b"]" * levels if closed else b"")
+
+
+# (raw body, code, field)
+REFUSED = [
+    pytest.param(b"{not json", "invalid_json", None, id="not-json"),
+    pytest.param(b'{"state": "\xff"}', "invalid_json", None, id="not-utf8"),
+    pytest.param(b'{"state": NaN, ' + NOUL + b"}", "invalid_number", "state", id="nan"),
+    pytest.param(b'{"state": [1, Infinity], ' + NOUL + b"}", "invalid_number", "state[1]", id="infinity"),
+    pytest.param(b'{"state": {"x": -Infinity}, ' + NOUL + b"}", "invalid_number", "state.x", id="minus-infinity"),
+    pytest.param(b'{"state": 1e400, ' + NOUL + b"}", "invalid_number", "state", id="overflow"),
+    pytest.param(b'{"state": [' + b"7" * 5000 + b"], " + NOUL + b"}", "invalid_number", "state[0]", id="5000-digits"),
+    pytest.param(b'{"state": "a\\ud800b", ' + NOUL + b"}", "invalid_string", "state", id="lone-high-surrogate"),
+    pytest.param(b'{"state": ["\\udc00"], ' + NOUL + b"}", "invalid_string", "state[0]", id="lone-low-surrogate"),
+    pytest.param(b'{"model": "\\ud800", "state": 1, ' + NOUL + b"}", "invalid_string", "model", id="surrogate-model"),
+    pytest.param(
+        b'{"state": 1, "questions": {"\\ud800": {"type": "noul"}}}',
+        "invalid_string",
+        "questions.\\ud800",
+        id="surrogate-question-id",
+    ),
+    pytest.param(b'{"state": {"a": 1, "a": 2}, ' + NOUL + b"}", "duplicate_key", "state", id="duplicate-state-key"),
+    pytest.param(
+        b'{"state": 1, "questions": {"q": {"type": "noul"}, "q": {"type": "noul"}}}',
+        "duplicate_key",
+        "questions",
+        id="duplicate-question-id",
+    ),
+    pytest.param(
+        b'{"state": 1, "questions": {"q": {"type": "choice", "criteria": {"x": 1, "x": 2}}}}',
+        "duplicate_key",
+        "questions.q.criteria",
+        id="duplicate-option-id",
+    ),
+    pytest.param(b'{"state": 1, "state": 2, ' + NOUL + b"}", "duplicate_key", None, id="duplicate-top-level"),
+    pytest.param(b'{"state": ' + deep(990) + b", " + NOUL + b"}", "json_too_deep", "state" + "[0]" * 63, id="990-deep"),
+    pytest.param(b'{"state": ' + deep(100_000, closed=False), "json_too_deep", "state" + "[0]" * 63, id="unclosed"),
+    pytest.param(
+        b'{"state": {"a": "[[[[", "b": [' + deep(70) + b"]}, " + NOUL + b"}",
+        "json_too_deep",
+        "state.b" + "[0]" * 62,
+        id="brackets-in-strings-do-not-count",
+    ),
+]
+
+
+@pytest.mark.parametrize(("raw", "code", "field"), REFUSED)
+def test_strict_json_refuses_naming_the_place(raw, code, field):
+    with pytest.raises(RequestError) as info:
+        strict_json.loads(raw)
+    assert (info.value.code, info.value.field) == (code, field)
+    json.dumps(info.value.message, ensure_ascii=False).encode("utf-8")  # the message itself is sendable
+
+
+ACCEPTED = [
+    b'{"state": ' + deep(strict_json.MAX_DEPTH - 1) + b", " + NOUL + b"}",
+    b'{"state": "\\ud83d\\ude00 \\"[[[[\\\\", ' + NOUL + b"}",
+    b'{"state": "\\\\ud800 is text, not an escape", ' + NOUL + b"}",
+    b'{"state": [1.5e300, -0.0, ' + b"9" * 100 + b", true, null], " + NOUL + b"}",
+    b'{"state": {"a": {"a": 1}, "b": [{"a": 1}, {"a": 2}]}, ' + NOUL + b"}",
+]
+
+
+@pytest.mark.parametrize("raw", ACCEPTED)
+def test_strict_json_accepts_what_json_allows(raw):
+    assert strict_json.loads(raw) == json.loads(raw)
+
+
+def test_depth_limit_is_exact():
+    strict_json.check_depth(deep(strict_json.MAX_DEPTH))
+    with pytest.raises(RequestError):
+        strict_json.check_depth(deep(strict_json.MAX_DEPTH + 1))
+
+
+ENCODED = [
+    pytest.param("gzip", gzip.compress, id="gzip"),
+    pytest.param("deflate", zlib.compress, id="deflate-zlib"),
+    pytest.param("deflate", lambda data: zlib.compress(data, wbits=-15), id="deflate-raw"),
+    pytest.param("zstd", zstandard.ZstdCompressor().compress, id="zstd"),
+    pytest.param("identity", lambda data: data, id="identity"),
+]
+
+
+def decode(encoding: str, data: bytes, limit: int, chunk: int = 4096) -> bytes:
+    decoder = decoder_for(encoding)
+    out, size = [], 0
+    for start in range(0, len(data), chunk):
+        piece = decoder.feed(data[start : start + chunk], limit - size)
+        size += len(piece)
+        out.append(piece)
+    decoder.finish()
+    return b"".join(out)
+
+
+@pytest.mark.parametrize(("encoding", "compress"), ENCODED)
+def test_decoders_round_trip_and_cap_the_decoded_size(encoding, compress):
+    data = json.dumps({"state": ["word"] * 50_000}).encode()
+    assert decode(encoding, compress(data), len(data)) == data
+    with pytest.raises(TooLarge):
+        decode(encoding, compress(data), len(data) - 1)
+
+
+def test_a_zstd_bomb_stops_at_the_cap():
+    bomb = zstandard.ZstdCompressor(level=3).compress(b"\0" * (256 << 20))
+    assert len(bomb) < 64 << 10
+    with pytest.raises(TooLarge):
+        decode("zstd", bomb, 1 << 20)
+
+
+def test_unknown_encodings_are_415():
+    with pytest.raises(ApiError) as info:
+        decoder_for("br")
+    assert (info.value.status, info.value.code, info.value.field) == (
+        415,
+        "unsupported_content_encoding",
+        "Content-Encoding",
+    )
+
+
+def test_served_name_is_a_name_never_a_path(tmp_path):
+    folder = tmp_path / "my-release"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    plain = model_info(str(folder))
+    assert plain.name == "my-release"
+    assert len(plain.release_date) == 10 and plain.description
+    manifest = {
+        "scheme": "FP8_DYNAMIC",
+        "source": {"id": "/home/me/clef-flash", "local": True},
+        "run": {"created": "2026-11-30T10:00:00Z"},
+        "card": {"repo_id": "acme/clef-flash-FP8", "created": "2026-12-01T09:00:00Z"},
+    }
+    (folder / "clef_quant.json").write_text(json.dumps(manifest))
+    info = model_info(str(folder))
+    assert (info.name, info.release_date) == ("acme/clef-flash-FP8", "2026-12-01")
+    assert info.description == "clef-flash quantized to FP8_DYNAMIC with clef-quant"
+    (folder / "README.md").write_text("---\nlicense: apache-2.0\nmodel_name: Clef Flash FP8\n---\n# card\n")
+    assert model_info(str(folder)).name == "Clef Flash FP8"
+    assert model_info(str(folder), "chosen").name == "chosen"
+    assert model_info("acme/clef-flash").name == "acme/clef-flash"
+
+
+def test_an_unexpected_error_is_a_json_500_without_internals(tmp_path, caplog):
+    from clef_vllm.server.app import create_app
+    from clef_vllm.server.backend import ServeConfig
+
+    class Broken:
+        config = ServeConfig(model=str(tmp_path))
+        ready, dead = True, False
+
+        async def score(self, body):
+            raise RuntimeError("secret internal detail")
+
+        def shutdown(self):
+            pass
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=create_app(Broken(), start_engine=False))  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            body = {"state": 1, "questions": {"q": {"type": "noul"}}}
+            return await client.post("/v1/systemone", json=body, headers={"X-Request-Id": "trace-me"})
+
+    response = asyncio.run(post())
+    assert response.status_code == 500
+    assert response.json() == {
+        "error": {
+            "type": "server_error",
+            "code": "internal_error",
+            "message": "internal error while scoring the request",
+            "field": None,
+        }
+    }
+    assert response.headers["x-request-id"] == "trace-me"
+    logged = [r for r in caplog.records if "trace-me" in r.getMessage() and r.exc_info]
+    assert logged, "the failure is logged with its request id"
+
+
+def test_cli_flags_have_documented_defaults():
+    from clef_vllm.server.cli import parse_args
+
+    args = parse_args(["--model", "x"])
+    assert (args.header_timeout, args.body_timeout, args.idle_timeout, args.max_connections) == (10.0, 60.0, 5.0, 512)
+    assert args.max_body_mb == 13.0

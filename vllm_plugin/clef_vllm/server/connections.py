@@ -1,0 +1,121 @@
+"""Time limits and a cap on connections, at the HTTP/1.1 protocol level (uvicorn's h11 protocol, extended).
+
+uvicorn closes idle keep-alive connections (`--idle-timeout`) but waits forever for a request that is still
+arriving. Here each request has deadlines measured from its first byte: its headers within
+`--header-timeout` seconds, then its whole body within `--body-timeout` seconds (so a client sending one
+byte a second, or declaring a Content-Length it never sends, is cut off). A connection past a deadline gets
+a JSON 408 when nothing was answered yet, and is closed; the application then sees a disconnect and drops
+what it had buffered. Connections beyond `--max-connections` are answered 503 and closed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from clef_vllm.server.error_shape import RETRY_AFTER_SECONDS, error_body
+
+logger = logging.getLogger("clef_vllm.server")
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    max_connections: int = 512
+
+
+def _raw_response(status: int, reason: str, code: str, message: str, extra: str = "") -> bytes:
+    body = json.dumps(error_body(status, code, message)).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        f"connection: close\r\n{extra}\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
+    """An `H11Protocol` class enforcing `limits`; pass it to uvicorn as `http=`."""
+
+    class GuardedH11Protocol(H11Protocol):
+        _deadline: asyncio.TimerHandle | None = None
+        _phase: str | None = None
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                logger.warning("refused a connection: %d open (--max-connections)", len(self.connections) - 1)
+                transport.write(
+                    _raw_response(
+                        503,
+                        "Service Unavailable",
+                        "too_many_connections",
+                        "too many open connections; retry later",
+                        f"retry-after: {RETRY_AFTER_SECONDS}\r\n",
+                    )
+                )
+                transport.close()
+                return
+            self._arm("headers", limits.header_timeout)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._follow_state()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._follow_state()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _follow_state(self) -> None:
+            if self.transport.is_closing():
+                self._disarm()
+                return
+            state = self.conn.their_state
+            if state is h11.SEND_BODY:
+                if self._phase != "body":
+                    self._arm("body", limits.body_timeout)
+            elif state is h11.IDLE:
+                # Between requests uvicorn's keep-alive timer runs until the first byte of the next one.
+                if self._phase != "headers" and self.timeout_keep_alive_task is None:
+                    self._arm("headers", limits.header_timeout)
+            else:
+                self._disarm()
+
+        def _arm(self, phase: str, seconds: float) -> None:
+            self._disarm()
+            self._phase = phase
+            self._deadline = self.loop.call_later(seconds, self._timed_out)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = None
+            self._phase = None
+
+        def _timed_out(self) -> None:
+            phase, self._deadline = self._phase, None
+            if self.transport.is_closing():
+                return
+            seconds = limits.header_timeout if phase == "headers" else limits.body_timeout
+            client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+            cycle = self.cycle if phase == "body" else None
+            logger.info("closed the connection of %s: request %s not received within %g s", client, phase, seconds)
+            if cycle is None or not cycle.response_started:
+                message = f"request {phase} not received within {seconds:g} s"
+                self.transport.write(_raw_response(408, "Request Timeout", "request_timeout", message))
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True  # the application's receive() now reports a disconnect
+                cycle.message_event.set()
+            self.transport.close()
+
+    return GuardedH11Protocol
