@@ -186,15 +186,15 @@ def test_encode_image_request(runner, cli_app, tiny_dir, tmp_path):
 
 BAD_REQUESTS = [
     pytest.param([1, 2], r"JSON object", id="not-an-object"),
-    pytest.param({"state": 1, "questions": {"q": {"type": "noul"}}}, r"model is required", id="missing-model"),
+    pytest.param({"model": None, "state": 1, "questions": {"q": {"type": "noul"}}}, r"model", id="model-null"),
     pytest.param({"model": 3, "state": 1, "questions": {"q": {"type": "noul"}}}, r"model", id="model-not-str"),
     pytest.param({"model": "m", "questions": {"q": {"type": "noul"}}}, r"state is required", id="missing-state"),
     pytest.param({"model": "m", "state": 1, "questions": {}}, r"questions must be a non-empty", id="empty-questions"),
     pytest.param({"model": "m", "state": 1, "questions": {"q": {"type": "bool"}}}, r'"q".*type', id="bad-type"),
     pytest.param(
-        {"model": "m", "state": 1, "questions": {"q": {"type": "choice", "criteria": {"a": "x"}}}},
-        r'"q".*at least 2',
-        id="one-option",
+        {"model": "m", "state": 1, "questions": {"q": {"type": "choice", "criteria": {}}}},
+        r'"q".*non-empty criteria',
+        id="no-options",
     ),
     pytest.param(
         {"model": "m", "state": 1, "questions": {"q": {"type": "score", "criteria": {"a": "x"}}}},
