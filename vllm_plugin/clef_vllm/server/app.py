@@ -12,10 +12,10 @@ import contextlib
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from clef_vllm.errors import RequestError
@@ -59,7 +59,25 @@ async def _cancel_on_disconnect(request: Request, work: asyncio.Task[Any]) -> No
         await asyncio.sleep(0.1)
 
 
-def create_app(backend: EngineBackend, *, start_engine: bool = True) -> FastAPI:
+# How often the server looks for a dead engine, and how long requests in flight get to receive their 503s.
+ENGINE_WATCH_SECONDS = 0.5
+ENGINE_DEATH_GRACE_SECONDS = 2.0
+
+
+async def _watch_engine(backend: EngineBackend, on_engine_death: Callable[[], None]) -> None:
+    """Once the engine is dead (or failed to start), let in-flight requests get their 503, then stop the server
+    so that a supervisor (systemd, Docker, Kubernetes) restarts it."""
+    while not backend.dead:
+        await asyncio.sleep(ENGINE_WATCH_SECONDS)
+    logger.error("the engine has stopped; the server exits in %.0f s", ENGINE_DEATH_GRACE_SECONDS)
+    await asyncio.sleep(ENGINE_DEATH_GRACE_SECONDS)
+    on_engine_death()
+
+
+def create_app(
+    backend: EngineBackend, *, start_engine: bool = True, on_engine_death: Callable[[], None] | None = None
+) -> FastAPI:
+    """`on_engine_death` is called once the engine has died and in-flight requests were answered."""
     config = backend.config
 
     async def start_and_warm_up() -> None:
@@ -76,11 +94,13 @@ def create_app(backend: EngineBackend, *, start_engine: bool = True) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         startup = asyncio.create_task(start_and_warm_up()) if start_engine else None
+        watcher = asyncio.create_task(_watch_engine(backend, on_engine_death)) if on_engine_death else None
         try:
             yield
         finally:
-            if startup is not None:
-                startup.cancel()
+            for task in (startup, watcher):
+                if task is not None:
+                    task.cancel()
             backend.shutdown()
 
     app = FastAPI(
@@ -121,7 +141,7 @@ def create_app(backend: EngineBackend, *, start_engine: bool = True) -> FastAPI:
             }
         },
     )
-    async def systemone(request: Request) -> Any:
+    async def systemone(request: Request, response: Response) -> Any:
         if backend.dead:
             return error(503, "service_unavailable", "the engine has stopped; restart the server")
         if not backend.ready:
@@ -137,7 +157,9 @@ def create_app(backend: EngineBackend, *, start_engine: bool = True) -> FastAPI:
         work = asyncio.create_task(backend.score(body))
         watcher = asyncio.create_task(_cancel_on_disconnect(request, work))
         try:
-            return await work
+            scored = await work
+            response.headers.update(scored.headers)
+            return scored.body
         except RequestError as exc:
             return error(400, "invalid_request_error", exc.message)
         except asyncio.CancelledError:
