@@ -198,7 +198,7 @@ def _refuse_box_questions(questions: object) -> None:
 
 def _check_media_count(count: int, maximum: int, field: str, noun: str, flag: str) -> None:
     if count and maximum == 0:
-        raise RequestError(f"this server takes no {field} (started with {flag} 0)", field)
+        raise RequestError(f"{field} are switched off on this server ({flag} 0)", field)
     if count > maximum:
         raise RequestError(f"too many {noun}: {count} (at most {maximum} per request)", field)
 

@@ -17,8 +17,7 @@ import torch
 
 from clef_vllm.answers import response_from_logits
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
-from clef_vllm.engine import apply_cpu_defaults, engine_args
-from clef_vllm.errors import RequestError
+from clef_vllm.engine import apply_cpu_defaults, engine_args, engine_prompt, load_processor
 from clef_vllm.pooling_contract import SCHEMA_KEY, pooling_schema
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
 
@@ -50,6 +49,7 @@ class ServeConfig:
         return engine_args(
             self.model,
             max_model_len=self.max_model_len,
+            limits=self.limits,
             tensor_parallel_size=self.tensor_parallel_size,
             data_parallel_size=self.data_parallel_size,
             served_model_name=self.served_model_name,
@@ -66,6 +66,7 @@ class EngineBackend:
 
         self.config = config
         self.tokenizer = AutoTokenizer.from_pretrained(config.model)
+        self.processor = load_processor(config.model, config.limits)
         self._tokenizer_lock = threading.Lock()
         self._ids = itertools.count()
         self.engine: Any = None
@@ -85,10 +86,14 @@ class EngineBackend:
 
     def prepare(self, body: Any) -> tuple[ClefRequest, Encoding]:
         request = parse_request(body, self.config.limits)
-        if request.has_media:
-            raise RequestError("images and videos are not supported by this server yet", "images")
         with self._tokenizer_lock:
-            encoding = encode_request(request, self.tokenizer, max_length=self.config.max_model_len)
+            encoding = encode_request(
+                request,
+                self.tokenizer,
+                processor=self.processor,
+                max_length=self.config.max_model_len,
+                media_limits=self.config.limits.media,
+            )
         return request, encoding
 
     async def score(self, body: Any) -> dict[str, Any]:
@@ -98,7 +103,7 @@ class EngineBackend:
         return response
 
     async def _logits(self, encoding: Encoding) -> torch.Tensor:
-        from vllm import PoolingParams, TokensPrompt
+        from vllm import PoolingParams
 
         request_id = f"clef-{next(self._ids)}"
         params = PoolingParams(
@@ -107,9 +112,7 @@ class EngineBackend:
         finished = False
         output = None
         try:
-            async for update in self.engine.encode(
-                TokensPrompt(prompt_token_ids=encoding.input_ids), params, request_id
-            ):
+            async for update in self.engine.encode(engine_prompt(encoding), params, request_id):
                 output = update
             finished = True
         finally:
@@ -117,6 +120,8 @@ class EngineBackend:
                 await self.engine.abort(request_id)
         if output is None:
             raise RuntimeError("the engine returned no output")
+        if list(output.prompt_token_ids) != encoding.input_ids:
+            raise RuntimeError("the engine ran other token ids than the encoding; spans would be wrong")
         return output.outputs.data.float().cpu()
 
     async def warm_up(self) -> None:
