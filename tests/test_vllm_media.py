@@ -81,14 +81,3 @@ def test_bf16_plugin_agrees_with_transformers_on_media_requests(tiny_dir, clef_e
     # the images reach the model: without them, answers move
     text_only = engine.score([{k: v for k, v in body.items() if k != "images"} for body in bodies[:8]])
     assert agreement(responses[:8], text_only)[1] > 1e-3
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("scheme", ["fp8-dynamic", "nvfp4"])
-def test_quantized_folders_answer_image_requests(quantized_dir, clef_engine, bodies, reference_media_scores, scheme):
-    """The vision tower stays bf16 in quantized folders; the text model runs through the quantized kernels."""
-    engine = clef_engine(quantized_dir(scheme), max_num_batched_tokens=4096)
-    responses = engine.score(bodies[:3])
-    for ref, cand in zip(reference_media_scores, responses, strict=True):
-        assert cand["usage"] == ref["usage"]
-        assert set(cand["answers"]) == set(ref["answers"])
