@@ -313,10 +313,16 @@ def test_assets_become_images_in_order_of_first_reference():
     ("limits", "media", "message"),
     [
         pytest.param(
-            Limits(max_images=0), {"images": ["a"]}, "images are switched off on this server (--limit-images 0)", id="images-off"
+            Limits(max_images=0),
+            {"images": ["a"]},
+            "images are switched off on this server (--limit-images 0)",
+            id="images-off",
         ),
         pytest.param(
-            Limits(max_videos=0), {"videos": ["a"]}, "videos are switched off on this server (--limit-videos 0)", id="videos-off"
+            Limits(max_videos=0),
+            {"videos": ["a"]},
+            "videos are switched off on this server (--limit-videos 0)",
+            id="videos-off",
         ),
         pytest.param(
             Limits(max_images=1), {"images": ["a"], "assets": {"<x>": "b"}}, "too many images", id="over-limit"

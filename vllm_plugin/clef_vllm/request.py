@@ -173,8 +173,8 @@ def parse_request(
     images = [_media(value, f"images[{i}]", parts) for i, value in enumerate(wire.images or ())]
     images += _assets(wire.assets or {}, wire.state, questions, parts)
     videos = [_video(value, f"videos[{i}]", parts) for i, value in enumerate(wire.videos or ())]
-    _check_media_count(len(images), limits.max_images, "images", "images (with assets)", "--limit-images")
-    _check_media_count(len(videos), limits.max_videos, "videos", "videos", "--limit-videos")
+    _check_media_count(len(images), limits.max_images, "images", "--limit-images")
+    _check_media_count(len(videos), limits.max_videos, "videos", "--limit-videos")
     return ClefRequest(
         model=wire.model,
         state=wire.state,
@@ -196,11 +196,12 @@ def _refuse_box_questions(questions: object) -> None:
             )
 
 
-def _check_media_count(count: int, maximum: int, field: str, noun: str, flag: str) -> None:
+def _check_media_count(count: int, maximum: int, field: str, flag: str) -> None:
     if count and maximum == 0:
         raise RequestError(f"{field} are switched off on this server ({flag} 0)", field)
     if count > maximum:
-        raise RequestError(f"too many {noun}: {count} (at most {maximum} per request)", field)
+        scope = "per request, assets included" if field == "images" else "per request"
+        raise RequestError(f"too many {field}: {count} (at most {maximum} {scope})", field)
 
 
 def _media(value: object, where: str, parts: Mapping[str, bytes]) -> MediaData:

@@ -78,8 +78,8 @@ class ClefFlashStrategy(ReadStrategy):
         model_config = context.engine_client.model_config
         self.tokenizer = context.online_renderer.renderer.get_tokenizer()
         self.max_length = min(DEFAULT_MAX_LENGTH, model_config.max_model_len)
-        self.limits = _server_limits(model_config)
-        self.processor = load_processor(model_config.model, self.limits)
+        self.request_limits = _server_limits(model_config)
+        self.processor = load_processor(model_config.model, self.request_limits)
 
     def limits(self) -> DecisionLimits:
         return DecisionLimits(max_questions=MAX_QUESTIONS, max_options=256)
@@ -107,13 +107,13 @@ class ClefFlashStrategy(ReadStrategy):
         if instructions:
             raise StructuredDecisionError("Clef reads a fixed prompt, so it takes no top-level instructions")
         try:
-            request = parse_request(_systemone_body(questions, state, media), self.limits)
+            request = parse_request(_systemone_body(questions, state, media), self.request_limits)
             encoding = encode_request(
                 request,
                 self.tokenizer,
                 processor=self.processor,
                 max_length=self.max_length,
-                media_limits=self.limits.media,
+                media_limits=self.request_limits.media,
             )
         except RequestError as exc:
             raise StructuredDecisionError(exc.message) from None
