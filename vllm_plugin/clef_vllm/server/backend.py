@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,8 +85,9 @@ class EngineBackend:
     def dead(self) -> bool:
         return self.failed or (self.engine is not None and bool(self.engine.errored))
 
-    def prepare(self, body: Any) -> tuple[ClefRequest, Encoding]:
-        request = parse_request(body, self.config.limits)
+    def prepare(self, body: Any, parts: Mapping[str, bytes] | None = None) -> tuple[ClefRequest, Encoding]:
+        """`parts`: the file parts of a multipart request, which media objects name as `{"part": name}`."""
+        request = parse_request(body, self.config.limits, parts)
         with self._tokenizer_lock:
             encoding = encode_request(
                 request,
@@ -96,8 +98,8 @@ class EngineBackend:
             )
         return request, encoding
 
-    async def score(self, body: Any) -> dict[str, Any]:
-        request, encoding = await asyncio.to_thread(self.prepare, body)
+    async def score(self, body: Any, parts: Mapping[str, bytes] | None = None) -> dict[str, Any]:
+        request, encoding = await asyncio.to_thread(self.prepare, body, parts)
         logits = await self._logits(encoding)
         response = response_from_logits(request, logits, encoding.num_tokens)
         return response
