@@ -61,6 +61,22 @@ def test_systemone_answers_image_and_video_requests(systemone):
         assert answer["usage"]["input_tokens"] > text["usage"]["input_tokens"] + 16  # the expanded media
 
 
+def test_multipart_request_with_image_parts(systemone):
+    """The JSON in a part named `request`, the image as raw bytes in a file part it names."""
+    json_body = body(images=[image_b64()])
+    as_json = post(systemone, json_body).json()
+    multipart = dict(json_body, images=[{"part": "photo", "format": "png"}])
+    files = {"photo": ("photo.png", image_bytes(), "image/png")}
+    response = httpx.post(
+        f"{systemone}/v1/systemone", data={"request": json.dumps(multipart)}, files=files, timeout=120
+    )
+    assert response.status_code == 200, response.text
+    assert response.json() == as_json
+    missing = httpx.post(f"{systemone}/v1/systemone", files=files, timeout=120)
+    assert missing.status_code == 400
+    assert 'part named "request"' in missing.json()["error"]["message"]
+
+
 def test_sixteen_concurrent_image_requests_all_answer_as_alone(systemone):
     requests = image_requests(16, seed=7)
     alone = [post(systemone, request).json() for request in requests]

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from clef_vllm.errors import RequestError
 from clef_vllm.request import SystemOneRequestBody
 from clef_vllm.server.backend import EngineBackend
+from clef_vllm.server.multipart import is_multipart, read_multipart
 from clef_vllm.server.schemas import ErrorBody, Health, ModelCard, ModelList, SystemOneResponse
 
 logger = logging.getLogger("clef_vllm.server")
@@ -130,11 +131,18 @@ def create_app(backend: EngineBackend, *, start_engine: bool = True) -> FastAPI:
             raw = await read_capped(request, config.max_body_bytes)
         except BodyTooLarge:
             return error(413, "request_too_large", f"request body exceeds {config.max_body_bytes} bytes")
+        parts: dict[str, bytes] = {}
+        content_type = request.headers.get("content-type")
         try:
-            body = json.loads(raw)
+            if is_multipart(content_type):
+                body, parts = read_multipart(content_type, raw)
+            else:
+                body = json.loads(raw)
+        except RequestError as exc:
+            return error(400, "invalid_request_error", exc.message)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return error(400, "invalid_request_error", f"body is not valid JSON: {exc}")
-        work = asyncio.create_task(backend.score(body))
+        work = asyncio.create_task(backend.score(body, parts))
         watcher = asyncio.create_task(_cancel_on_disconnect(request, work))
         try:
             return await work
