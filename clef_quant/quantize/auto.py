@@ -3,7 +3,7 @@
 Every unit of the scan (one Linear group of one decoder layer) gets NVFP4, FP8_DYNAMIC or stays bf16. The
 choice starts from NVFP4 everywhere (the smallest) and upgrades one unit at a time, always the upgrade that
 removes the most KL per byte it adds (NVFP4 -> FP8, FP8 -> bf16, or NVFP4 -> bf16 directly), until the
-target holds:
+target holds (under `--max-kl` the last step is the cheapest one that reaches the target):
 
 - `--max-kl X`: the predicted KL, the sum of the chosen units' scan KLs, is at most X;
 - `--max-size-gb Y`: upgrade while the predicted backbone size stays at most Y (10^9 bytes); the most
@@ -81,7 +81,7 @@ def choose(
     while True:
         if max_kl is not None and kl <= max_kl:
             break
-        best = None
+        moves = []
         for key, current in state.items():
             for better in order[order.index(current) + 1 :]:
                 gain = units[key]["kl"][current] - units[key]["kl"][better]
@@ -90,12 +90,16 @@ def choose(
                     continue
                 if max_size_bytes is not None and size + cost > max_size_bytes:
                     continue
-                score = gain / cost
-                if best is None or score > best[0]:
-                    best = (score, key, better, gain, cost)
-        if best is None:
+                moves.append((gain / cost, key, better, gain, cost))
+        if not moves:
             break
-        _, key, better, gain, cost = best
+        # Under --max-kl, a single move that reaches the target ends the search: take the cheapest such move
+        # rather than the most efficient one, which may overshoot with many more bytes.
+        finishing = [m for m in moves if max_kl is not None and kl - m[3] <= max_kl]
+        if finishing:
+            _, key, better, gain, cost = min(finishing, key=lambda m: (m[4], -m[3]))
+        else:
+            _, key, better, gain, cost = max(moves, key=lambda m: m[0])
         state[key] = better
         kl -= gain
         size += cost
