@@ -382,6 +382,17 @@ def test_auto_quantize_writes_a_commented_recipe_and_passes_inspect(built, scann
             leaf = {"deltanet": "linear_attn.out_proj", "attention": "self_attn.o_proj", "mlp": "mlp.down_proj"}
             name = f"model.language_model.layers.{layer}.{leaf[group]}"
             assert report.module(name).scheme == choice, (line_number, line)
+    # the card's "What is quantized" table names the layers of every (module kind, scheme) row
+    from clef_quant.publish.card import quantization_tables
+
+    rows = quantization_tables(report)["quantized_rows"]
+    for row in rows:
+        layers = {
+            m.name.split(".layers.")[1].split(".")[0]
+            for m in report.modules
+            if m.kind == row["kind"] and m.scheme == row["scheme"]
+        }
+        assert row["layers"].replace("-", ", ").split(", ")[0] == min(layers, key=int), row
 
 
 @pytest.mark.parametrize(
