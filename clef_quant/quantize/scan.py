@@ -406,11 +406,18 @@ def stored_bytes(module: Any) -> int:
     weights = module.quantization_scheme.weights
     if weights is None:
         return module.weight.numel() * module.weight.element_size()
+    import torch
+
     total = math.ceil(module.weight.numel() * weights.num_bits / 8)
     for name in ("weight_scale", "weight_global_scale", "input_global_scale", "input_scale"):
         tensor = getattr(module, name, None)
-        if tensor is not None:
-            total += tensor.numel() * tensor.element_size()
+        if tensor is None:
+            continue
+        size = tensor.element_size()
+        if name == "weight_scale" and weights.scale_dtype is not None:
+            # held in a wider dtype while calibrating; compressed to scale_dtype (FP8 for NVFP4) when saved
+            size = torch.empty(0, dtype=weights.scale_dtype).element_size()
+        total += tensor.numel() * size
     zero = getattr(module, "weight_zero_point", None)
     if zero is not None and not weights.symmetric:
         total += zero.numel() * zero.element_size()
