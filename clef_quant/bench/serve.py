@@ -1,12 +1,15 @@
 """Serving benchmark: the HTTP server against the offline engine, and the plugin against the reference.
 
-All three sides score the same requests in one run, one after another (two cores cannot host two engines
-at once without each slowing the other):
-1. the offline engine (`ClefEngine.score`, vLLM batches everything it is given) -> records/s;
-2. `clef-systemone` as a real process on loopback with the same engine options, `clients` concurrent
-   clients sending the same requests -> requests/s;
-3. the transformers reference in bf16 (batches of 8) -> records/s.
-The ratios are server / offline (the cost of HTTP, JSON and per-request scheduling) and plugin / reference.
+All sides score the same requests in one run, one after another (two cores cannot host two engines at once
+without each slowing the other):
+1. the offline engine (`ClefEngine.score`) with the default settings (one whole prompt per engine step, answers
+   independent of load) -> records/s;
+2. `clef-systemone` as a real process on loopback with the same settings, `clients` concurrent clients sending
+   the same requests -> requests/s;
+3. both again with batch invariance off (vLLM batches prompts, `max_num_batched_tokens` per step);
+4. the transformers reference in bf16 (batches of 8) -> records/s.
+The ratios are server / offline (the cost of HTTP, JSON and per-request scheduling), invariant / batched (the
+cost of answers that do not move with load) and plugin / reference.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class ServeBenchResult:
     clients: int
     offline_records_s: float = 0.0
     server_requests_s: float = 0.0
+    offline_batched_records_s: float = 0.0
+    server_batched_requests_s: float = 0.0
     reference_records_s: float = 0.0
     server_errors: int = 0
     compress_above: int | None = None
@@ -45,6 +50,14 @@ class ServeBenchResult:
     @property
     def server_over_offline(self) -> float:
         return self.server_requests_s / self.offline_records_s
+
+    @property
+    def invariant_over_batched_server(self) -> float:
+        return self.server_requests_s / self.server_batched_requests_s
+
+    @property
+    def invariant_over_batched_offline(self) -> float:
+        return self.offline_records_s / self.offline_batched_records_s
 
     @property
     def plugin_over_reference(self) -> float:
@@ -151,18 +164,29 @@ def run_serve_bench(
     )
     if compress_above is not None:
         result.compressed_requests = sum(len(json.dumps(b).encode()) > compress_above for b in bodies)
-    engine_kwargs: dict[str, Any] = {"max_model_len": max_model_len, "max_num_batched_tokens": max_num_batched_tokens}
-    flags = ["--max-model-len", str(max_model_len), "--max-num-batched-tokens", str(max_num_batched_tokens)]
+    engine_kwargs: dict[str, Any] = {"max_model_len": max_model_len}
+    flags = ["--max-model-len", str(max_model_len)]
     if device == "cpu":
         engine_kwargs["enforce_eager"] = True
         flags.append("--enforce-eager")
         apply_cpu_defaults()  # the server process inherits it
         result.notes.append(f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB, enforce_eager")
+    batched_kwargs = {**engine_kwargs, "batch_invariant": False, "max_num_batched_tokens": max_num_batched_tokens}
+    batched_flags = [*flags, "--no-batch-invariant", "--max-num-batched-tokens", str(max_num_batched_tokens)]
+    result.notes.append(
+        f"batched: vLLM's default max_num_seqs, max_num_batched_tokens={max_num_batched_tokens}; "
+        "invariant (the default): one whole prompt per engine step"
+    )
     stage = on_stage or (lambda _: None)
     stage("offline engine")
     result.offline_records_s = _offline(model, bodies, engine_kwargs)
     stage(f"clef-systemone, {clients} clients")
     result.server_requests_s, result.server_errors = _server(model, bodies, clients, flags, compress_above)
+    stage("offline engine, batched")
+    result.offline_batched_records_s = _offline(model, bodies, batched_kwargs)
+    stage(f"clef-systemone, batched, {clients} clients")
+    result.server_batched_requests_s, batched_errors = _server(model, bodies, clients, batched_flags, compress_above)
+    result.server_errors += batched_errors
     stage("transformers reference")
     result.reference_records_s = _reference(model, bodies, "bfloat16", device)
     return result
@@ -191,6 +215,8 @@ def render_markdown(result: ServeBenchResult, command: str, machine: str) -> str
     for name, rate in (
         ("offline engine (`ClefEngine.score`)", result.offline_records_s),
         (f"clef-systemone, {result.clients} concurrent clients", result.server_requests_s),
+        ("offline engine, `batch_invariant=False`", result.offline_batched_records_s),
+        (f"clef-systemone `--no-batch-invariant`, {result.clients} clients", result.server_batched_requests_s),
         ("transformers reference, bf16, batch 8", result.reference_records_s),
     ):
         lines.append(f"| {name} | {rate:.2f} | {rate * result.tokens / result.records:.0f} |")
@@ -199,6 +225,8 @@ def render_markdown(result: ServeBenchResult, command: str, machine: str) -> str
         "| ratio | value | goal |",
         "|---|---:|---:|",
         f"| server / offline | {result.server_over_offline:.3f} | >= 0.95 |",
+        f"| invariant / batched, server | {result.invariant_over_batched_server:.3f} | (cost of invariance) |",
+        f"| invariant / batched, offline | {result.invariant_over_batched_offline:.3f} | (cost of invariance) |",
         f"| plugin / reference | {result.plugin_over_reference:.2f} | >= 3 |",
         "",
         f"Server errors: {result.server_errors}.",
@@ -214,5 +242,7 @@ def render_markdown(result: ServeBenchResult, command: str, machine: str) -> str
 
 def result_json(result: ServeBenchResult) -> str:
     data = {**result.__dict__, "server_over_offline": result.server_over_offline}
+    data["invariant_over_batched_server"] = result.invariant_over_batched_server
+    data["invariant_over_batched_offline"] = result.invariant_over_batched_offline
     data["plugin_over_reference"] = result.plugin_over_reference
     return json.dumps(data, indent=2)

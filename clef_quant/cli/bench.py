@@ -109,14 +109,16 @@ def serve(
     records: Annotated[int, typer.Option(min=8, help="Requests scored by each side.")] = 128,
     clients: Annotated[int, typer.Option(min=1, help="Concurrent HTTP clients.")] = 32,
     max_model_len: Annotated[int, typer.Option(min=256)] = 4096,
-    max_num_batched_tokens: Annotated[int, typer.Option(min=256)] = 8192,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(min=256, help="Tokens per engine step of the batched (--no-batch-invariant) runs.")
+    ] = 8192,
     compress_above: Annotated[
         int, typer.Option(min=-1, help="Clients zstd-compress bodies larger than this many bytes (-1: never).")
     ] = 1024,
     out: Annotated[Path, typer.Option(help="Report path.")] = Path("bench/results/serve-cpu.md"),
 ) -> None:
-    """Server requests/s at N concurrent clients vs the offline engine's records/s, and the plugin's
-    records/s vs the transformers reference, on the same requests in one run.
+    """Server requests/s at N concurrent clients vs the offline engine's records/s, both with and without batch
+    invariance, and the plugin's records/s vs the transformers reference, on the same requests in one run.
 
     Example: clef-quant make-tiny artifacts/small --size small && clef-quant bench serve --model artifacts/small
     """

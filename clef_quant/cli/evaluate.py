@@ -128,6 +128,14 @@ def evaluate(
     eager: Annotated[
         bool, typer.Option(help="Run vLLM without graph compilation (starts much faster on a CPU).")
     ] = False,
+    batch_invariant: Annotated[
+        bool,
+        typer.Option(
+            help="One whole prompt per vLLM step, so every record's probabilities are the same bits in every run. "
+            "--no-batch-invariant lets vLLM batch records: faster where per-step overhead dominates, but the "
+            "probabilities then move (third decimal) with the batch, which raises the noise floor."
+        ),
+    ] = True,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show vLLM's and transformers' own logs.")] = False,
 ) -> None:
     """Compare candidates with the bf16 reference on DATA; the bf16 folder through the plugin is the noise floor.
@@ -163,7 +171,7 @@ def evaluate(
         device=device,
     )
     records = read_eval_data(data)  # every line checked before a bar is drawn or a model loads
-    engines = FreshEngines(max_model_len=max_model_len, **engine_kwargs)
+    engines = FreshEngines(max_model_len=max_model_len, batch_invariant=batch_invariant, **engine_kwargs)
     with RichProgress(Console(file=sys.stderr)) as progress:
         run = run_eval(config, engines=engines, progress=progress, data=records)
     paths = write_results(run.results, out)

@@ -70,10 +70,16 @@ class EngineProvider(Protocol):
 class FreshEngines:
     """One new ClefEngine per side, freed before the next starts, so two engines never share the memory."""
 
-    def __init__(self, *, max_model_len: int = DEFAULT_MAX_LENGTH, **engine_kwargs: Any) -> None:
+    def __init__(
+        self, *, max_model_len: int = DEFAULT_MAX_LENGTH, batch_invariant: bool = True, **engine_kwargs: Any
+    ) -> None:
         self.max_model_len = max_model_len
-        self.engine_kwargs = engine_kwargs
-        self.settings = {"max_model_len": max_model_len, **{k: repr(v) for k, v in sorted(engine_kwargs.items())}}
+        # Part of the settings (and so of the side keys): probabilities of a batch-variant engine are other numbers.
+        self.engine_kwargs = {"batch_invariant": batch_invariant, **engine_kwargs}
+        self.settings = {
+            "max_model_len": max_model_len,
+            **{k: repr(v) for k, v in sorted(self.engine_kwargs.items())},
+        }
 
     @contextmanager
     def open(self, folder: Path) -> Iterator[Any]:

@@ -4,7 +4,8 @@ The prompt is a fixed sequence of pieces: prefix, media placeholders, state, one
 Every piece is tokenized on its own without special tokens and the ids are concatenated, so a span is exactly
 the ids of its piece. The state is the only part that may be cut: when prefix, media, schema and suffix leave
 fewer than `len(state)` tokens of `max_length`, the end of the state is dropped; when they alone exceed
-`max_length`, the request is refused.
+`max_length`, the request is refused. The state is tokenized only as far as it can be kept (`state_cut`), with
+the same ids as a whole-state tokenization.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 from clef_vllm.errors import RequestError, SchemaTooLongError
 from clef_vllm.head import RecordSchema
 from clef_vllm.request import ClefRequest
+from clef_vllm.state_cut import cut_state
 
 DEFAULT_MAX_LENGTH = 16384
 
@@ -74,6 +76,9 @@ class Encoding:
     state_tokens_dropped: int  # cut from the end of the state to fit max_length
     max_length: int
     media_inputs: dict[str, Any] = field(default_factory=dict)  # processor outputs (pixel values, grids)
+    # False when the state ran more than max_length tokens past the cut: the count is then estimated from its
+    # characters, because counting exactly would mean tokenizing text the model never reads.
+    state_tokens_dropped_exact: bool = True
 
     @property
     def truncated(self) -> bool:
@@ -139,7 +144,7 @@ def encode_request(
     expands the media placeholders to one pad token per visual token and returns the pixel inputs.
     """
     schema = _schema_pieces(request)
-    prefix_ids, state_ids = _token_ids(tokenizer, [PREFIX, render(request.state)])
+    (prefix_ids,) = _token_ids(tokenizer, [PREFIX])
     schema_ids = _token_ids(tokenizer, schema.texts)
     media_ids: list[int] = []
     media_inputs: dict[str, Any] = {}
@@ -149,9 +154,9 @@ def encode_request(
     fixed = len(prefix_ids) + len(media_ids) + sum(len(ids) for ids in schema_ids)
     if fixed > max_length:
         raise SchemaTooLongError(fixed, max_length)
-    kept = min(len(state_ids), max_length - fixed)
+    state = cut_state(tokenizer, render(request.state), max_length - fixed, count_beyond=max_length)
 
-    input_ids = prefix_ids + media_ids + state_ids[:kept]
+    input_ids = prefix_ids + media_ids + state.ids
     question_spans: list[Span] = [(0, 0)] * len(request.questions)
     option_spans: list[list[Span]] = [[(0, 0)] * len(q.options) for q in request.questions]
     for index, ids in enumerate(schema_ids):
@@ -172,10 +177,11 @@ def encode_request(
         question_spans=question_spans,
         option_ids=[[o.id for o in q.options] for q in request.questions],
         option_spans=option_spans,
-        state_tokens=kept,
-        state_tokens_dropped=len(state_ids) - kept,
+        state_tokens=len(state.ids),
+        state_tokens_dropped=state.dropped,
         max_length=max_length,
         media_inputs=media_inputs,
+        state_tokens_dropped_exact=state.dropped_exact,
     )
 
 

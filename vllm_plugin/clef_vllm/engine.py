@@ -2,12 +2,20 @@
 
     from clef_vllm.engine import ClefEngine
 
-    engine = ClefEngine("artifacts/tiny", max_num_batched_tokens=4096)
+    engine = ClefEngine("artifacts/tiny")
     responses = engine.score([request_body, ...])   # SystemOne response bodies, in order
 
-Requests are validated and encoded here (the whole batch before the engine runs), vLLM batches and
-schedules them, and the plugin's pooler returns every option's logit. Scripts that create an engine need an
+Requests are validated and encoded here (the whole batch before the engine runs), vLLM schedules them, and
+the plugin's pooler returns every option's logit. Scripts that create an engine need an
 `if __name__ == "__main__":` guard, because vLLM spawns its engine core process.
+
+By default every engine step runs exactly one whole prompt (`batch_invariant=True`), so a request's
+probabilities are the same bits whatever else is in flight: on CPU, oneDNN's bf16 GEMMs give a row different
+roundings depending on how many rows share the call, the CPU attention kernel splits its KV work by the whole
+step's load, and a prompt split across steps (chunked prefill) changes its hidden states. vLLM's own
+`VLLM_BATCH_INVARIANT` mode covers GPU kernels only. `batch_invariant=False` lets vLLM batch and split prompts
+freely (`max_num_seqs`, `max_num_batched_tokens`): more throughput where per-step overhead dominates, answers
+that move in the third decimal with load.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import torch
 
 from clef_vllm.answers import response_from_logits
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
-from clef_vllm.errors import CheckpointError, RequestError
+from clef_vllm.errors import CheckpointError, RequestError, SettingsError
 from clef_vllm.plugin import ARCHITECTURE
 from clef_vllm.pooling_contract import SCHEMA_KEY, pooling_schema
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
@@ -38,9 +46,52 @@ def apply_cpu_defaults() -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
 
 
-def engine_args(model: str | Path, *, max_model_len: int = DEFAULT_MAX_LENGTH, **overrides: Any) -> dict[str, Any]:
+def schedule_args(
+    *,
+    max_model_len: int,
+    batch_invariant: bool = True,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+) -> dict[str, Any]:
+    """The scheduler limits for vLLM; with `batch_invariant` every step runs exactly one whole prompt."""
+    args: dict[str, Any] = {}
+    if batch_invariant:
+        if max_num_seqs not in (None, 1):
+            raise SettingsError(
+                f"max_num_seqs={max_num_seqs} puts several prompts in one engine step, which makes answers depend "
+                "on load; turn batch invariance off to allow it"
+            )
+        if max_num_batched_tokens is not None and max_num_batched_tokens < max_model_len:
+            raise SettingsError(
+                f"max_num_batched_tokens={max_num_batched_tokens} is below max_model_len={max_model_len}: long "
+                "prompts would be split across steps; turn batch invariance off to allow it"
+            )
+        args["max_num_seqs"] = 1
+        args["max_num_batched_tokens"] = max_num_batched_tokens or max_model_len
+        return args
+    if max_num_seqs is not None:
+        args["max_num_seqs"] = max_num_seqs
+    if max_num_batched_tokens is not None:
+        args["max_num_batched_tokens"] = max_num_batched_tokens
+    return args
+
+
+def engine_args(
+    model: str | Path,
+    *,
+    max_model_len: int = DEFAULT_MAX_LENGTH,
+    batch_invariant: bool = True,
+    **overrides: Any,
+) -> dict[str, Any]:
     """vLLM engine arguments that run a Clef-Flash folder through the plugin's pooler."""
     from vllm.config import PoolerConfig
+
+    schedule = schedule_args(
+        max_model_len=max_model_len,
+        batch_invariant=batch_invariant,
+        max_num_seqs=overrides.pop("max_num_seqs", None),
+        max_num_batched_tokens=overrides.pop("max_num_batched_tokens", None),
+    )
 
     args: dict[str, Any] = {
         "model": str(model),
@@ -51,13 +102,19 @@ def engine_args(model: str | Path, *, max_model_len: int = DEFAULT_MAX_LENGTH, *
         "language_model_only": True,  # media support lands later; the vision tower is not loaded
         "max_model_len": max_model_len,
         "dtype": "bfloat16",
+        **schedule,
     }
     args.update(overrides)
     return args
 
 
 class ClefEngine:
-    """A vLLM engine over one Clef-Flash release folder (original or quantized)."""
+    """A vLLM engine over one Clef-Flash release folder (original or quantized).
+
+    `batch_invariant=True` (the default) runs one whole prompt per engine step, so each request's probabilities
+    do not depend on the rest of the batch; `False` lets vLLM batch prompts (`max_num_seqs`,
+    `max_num_batched_tokens`) for throughput at the price of answers that move with the batch.
+    """
 
     def __init__(
         self,
@@ -65,6 +122,7 @@ class ClefEngine:
         *,
         max_model_len: int = DEFAULT_MAX_LENGTH,
         limits: Limits = DEFAULT_LIMITS,
+        batch_invariant: bool = True,
         **engine_kwargs: Any,
     ) -> None:
         from transformers import AutoTokenizer
@@ -72,12 +130,14 @@ class ClefEngine:
 
         if not Path(model).is_dir() and str(model).count("/") != 1:
             raise CheckpointError(f"{model} is neither a folder nor a Hub id")
+        args = engine_args(model, max_model_len=max_model_len, batch_invariant=batch_invariant, **engine_kwargs)
         self.model = str(model)
         self.max_length = max_model_len
         self.limits = limits
+        self.batch_invariant = batch_invariant
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         apply_cpu_defaults()
-        self.llm = LLM(**engine_args(model, max_model_len=max_model_len, **engine_kwargs))
+        self.llm = LLM(**args)
 
     def encode(self, body: dict[str, Any] | ClefRequest) -> tuple[ClefRequest, Encoding]:
         request = body if isinstance(body, ClefRequest) else parse_request(body, self.limits)

@@ -34,3 +34,7 @@ class SchemaTooLongError(RequestError):
 
 class CheckpointError(ClefError):
     """A release folder or head file that is missing, incomplete or inconsistent."""
+
+
+class SettingsError(ClefError):
+    """Engine or server settings that contradict each other."""

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -58,8 +58,27 @@ def _cancel_on_disconnect(request: Request, work: asyncio.Task[Any]) -> asyncio.
     return asyncio.create_task(watch())
 
 
-def create_app(backend: EngineBackend, *, start_engine: bool = True) -> Any:
-    """The ASGI application (FastAPI wrapped in the request-id layer); `.fastapi` is the FastAPI app."""
+# How often the server looks for a dead engine, and how long requests in flight get to receive their 503s.
+ENGINE_WATCH_SECONDS = 0.5
+ENGINE_DEATH_GRACE_SECONDS = 2.0
+
+
+async def _watch_engine(backend: EngineBackend, on_engine_death: Callable[[], None]) -> None:
+    """Once the engine is dead (or failed to start), let in-flight requests get their 503, then stop the server
+    so that a supervisor (systemd, Docker, Kubernetes) restarts it."""
+    while not backend.dead:
+        await asyncio.sleep(ENGINE_WATCH_SECONDS)
+    logger.error("the engine has stopped; the server exits in %.0f s", ENGINE_DEATH_GRACE_SECONDS)
+    await asyncio.sleep(ENGINE_DEATH_GRACE_SECONDS)
+    on_engine_death()
+
+
+def create_app(
+    backend: EngineBackend, *, start_engine: bool = True, on_engine_death: Callable[[], None] | None = None
+) -> Any:
+    """The ASGI application (FastAPI wrapped in the request-id layer); `.fastapi` is the FastAPI app.
+
+    `on_engine_death` is called once the engine has died and in-flight requests were answered."""
     config = backend.config
     info = model_info(config.model, config.served_model_name)
     served_name = info.name
@@ -78,11 +97,13 @@ def create_app(backend: EngineBackend, *, start_engine: bool = True) -> Any:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         startup = asyncio.create_task(start_and_warm_up()) if start_engine else None
+        watcher = asyncio.create_task(_watch_engine(backend, on_engine_death)) if on_engine_death else None
         try:
             yield
         finally:
-            if startup is not None:
-                startup.cancel()
+            for task in (startup, watcher):
+                if task is not None:
+                    task.cancel()
             backend.shutdown()
 
     app = FastAPI(
@@ -100,7 +121,7 @@ def create_app(backend: EngineBackend, *, start_engine: bool = True) -> Any:
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
             raise ApiError(401, "invalid_api_key", "missing or invalid API key (Authorization: Bearer KEY)")
 
-    async def answer(request: Request) -> dict[str, Any]:
+    async def answer(request: Request, response: Response) -> dict[str, Any]:
         check_key(request)
         if backend.dead:
             raise ApiError(503, "engine_dead", "the engine has stopped; restart the server")
@@ -112,7 +133,7 @@ def create_app(backend: EngineBackend, *, start_engine: bool = True) -> Any:
         work = asyncio.create_task(backend.score(body))
         watcher = _cancel_on_disconnect(request, work)
         try:
-            result = await work
+            scored = await work
         except RequestError as exc:
             raise ApiError.bad_request(exc) from None
         except asyncio.CancelledError:
@@ -127,13 +148,15 @@ def create_app(backend: EngineBackend, *, start_engine: bool = True) -> Any:
             raise ApiError(500, "internal_error", "internal error while scoring the request") from None
         finally:
             watcher.cancel()
+        response.headers.update(scored.headers)
+        result = scored.body
         sent = body.get("model") if isinstance(body, dict) else None
         result["model"] = sent if isinstance(sent, str) else served_name
         return result
 
-    async def answer_or_abort(request: Request) -> dict[str, Any] | Response:
+    async def answer_or_abort(request: Request, response: Response) -> dict[str, Any] | Response:
         try:
-            return await answer(request)
+            return await answer(request, response)
         except ClientDisconnect:
             logger.info("%s client went away before the answer; request dropped", request.state.request_id)
             return Response(status_code=CLIENT_CLOSED)
@@ -159,8 +182,8 @@ def create_app(backend: EngineBackend, *, start_engine: bool = True) -> Any:
         responses=_responses(ErrorBody),
         openapi_extra=openapi.request_body(),
     )
-    async def systemone(request: Request) -> Any:
-        return await answer_or_abort(request)
+    async def systemone(request: Request, response: Response) -> Any:
+        return await answer_or_abort(request, response)
 
     @app.post(
         "/accounts/{account_id}/ai/run/@cf/cloudflare/{name:path}",
@@ -169,11 +192,11 @@ def create_app(backend: EngineBackend, *, start_engine: bool = True) -> Any:
         openapi_extra=openapi.request_body(),
         summary="Workers AI compatible route (Cloudflare's envelope)",
     )
-    async def workers_ai(request: Request, account_id: str, name: str) -> Any:
+    async def workers_ai(request: Request, response: Response, account_id: str, name: str) -> Any:
         check_key(request)
         if name not in (*HOSTED_NAMES, served_name):
             raise ApiError(404, "model_not_found", f"model @cf/cloudflare/{name} is not served here", "name")
-        result = await answer_or_abort(request)
+        result = await answer_or_abort(request, response)
         if isinstance(result, Response):
             return result
         return {"success": True, "result": result, "errors": [], "messages": []}

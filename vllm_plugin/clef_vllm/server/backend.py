@@ -1,6 +1,7 @@
 """The engine behind the server: an async vLLM engine with the plugin's pooler, plus our encoder.
 
-Encoding runs in a worker thread under a lock (one tokenizer, many requests); the head runs inside the
+Encoding runs in worker threads; only the tokenizer calls themselves take a lock (one tokenizer, many requests),
+and each is bounded because the state is tokenized only as far as it can be kept. The head runs inside the
 engine core, so the event loop only awaits results. A request whose client goes away is aborted in the
 engine (`finally`), so no work is left running for nobody.
 """
@@ -17,7 +18,7 @@ import torch
 
 from clef_vllm.answers import response_from_logits
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
-from clef_vllm.engine import apply_cpu_defaults, engine_args
+from clef_vllm.engine import apply_cpu_defaults, engine_args, schedule_args
 from clef_vllm.errors import RequestError
 from clef_vllm.pooling_contract import SCHEMA_KEY, pooling_schema
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
@@ -38,6 +39,8 @@ class ServeConfig:
     data_parallel_size: int = 1
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    # One whole prompt per engine step: the same request gets the same bits whatever else is in flight.
+    batch_invariant: bool = True
     limits: Limits = DEFAULT_LIMITS
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
 
@@ -45,11 +48,21 @@ class ServeConfig:
     def model_name(self) -> str:
         return self.served_model_name or self.model
 
+    def check(self) -> None:
+        """Raise `SettingsError` for contradicting settings, before anything is loaded."""
+        schedule_args(
+            max_model_len=self.max_model_len,
+            batch_invariant=self.batch_invariant,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+
     def engine_kwargs(self) -> dict[str, Any]:
         optional = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens}
         return engine_args(
             self.model,
             max_model_len=self.max_model_len,
+            batch_invariant=self.batch_invariant,
             tensor_parallel_size=self.tensor_parallel_size,
             data_parallel_size=self.data_parallel_size,
             served_model_name=self.served_model_name,
@@ -58,15 +71,55 @@ class ServeConfig:
         )
 
 
+STATE_TOKENS_DROPPED = "x-clef-state-tokens-dropped"
+STATE_TOKENS_DROPPED_EXACT = "x-clef-state-tokens-dropped-exact"
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A response body and the headers that describe how the request was read."""
+
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+def truncation_headers(encoding: Encoding) -> dict[str, str]:
+    """How many state tokens were cut to fit; the body keeps the release's shape."""
+    return {
+        STATE_TOKENS_DROPPED: str(encoding.state_tokens_dropped),
+        STATE_TOKENS_DROPPED_EXACT: "true" if encoding.state_tokens_dropped_exact else "false",
+    }
+
+
+class _LockedTokenizer:
+    """A tokenizer whose calls are serialized: a Rust fast tokenizer refuses concurrent use ("Already
+    borrowed"). Each call is short, since states are tokenized only as far as they can be kept."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._lock = threading.Lock()
+
+    def __call__(self, text: list[str], **kwargs: Any) -> Any:
+        with self._lock:
+            return self._tokenizer(text, **kwargs)
+
+    def decode(self, ids: list[int]) -> str:
+        with self._lock:
+            return self._tokenizer.decode(ids)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+
 class EngineBackend:
     """Owns the async engine; `score` turns one request body into a response body."""
 
     def __init__(self, config: ServeConfig) -> None:
         from transformers import AutoTokenizer
 
+        config.check()
         self.config = config
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model)
-        self._tokenizer_lock = threading.Lock()
+        self.tokenizer = _LockedTokenizer(AutoTokenizer.from_pretrained(config.model))
         self._ids = itertools.count()
         self.engine: Any = None
         self.ready = False
@@ -87,15 +140,14 @@ class EngineBackend:
         request = parse_request(body, self.config.limits)
         if request.has_media:
             raise RequestError("images and videos are not supported by this server yet", "images")
-        with self._tokenizer_lock:
-            encoding = encode_request(request, self.tokenizer, max_length=self.config.max_model_len)
+        encoding = encode_request(request, self.tokenizer, max_length=self.config.max_model_len)
         return request, encoding
 
-    async def score(self, body: Any) -> dict[str, Any]:
+    async def score(self, body: Any) -> Scored:
         request, encoding = await asyncio.to_thread(self.prepare, body)
         logits = await self._logits(encoding)
         response = response_from_logits(request, logits, encoding.num_tokens)
-        return response
+        return Scored(response, truncation_headers(encoding))
 
     async def _logits(self, encoding: Encoding) -> torch.Tensor:
         from vllm import PoolingParams, TokensPrompt

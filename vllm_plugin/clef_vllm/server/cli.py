@@ -56,16 +56,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_LENGTH)
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     parser.add_argument("--dp", type=int, default=1, help="data parallel engines (one per GPU), one port")
-    parser.add_argument("--max-num-seqs", type=int)
-    parser.add_argument("--max-num-batched-tokens", type=int)
+    parser.add_argument(
+        "--no-batch-invariant",
+        dest="batch_invariant",
+        action="store_false",
+        help="let vLLM batch several prompts per step and split long ones (--max-num-seqs, "
+        "--max-num-batched-tokens): more requests/s under load, but probabilities then move in the third decimal "
+        "with what else is in flight. By default each step runs one whole prompt and answers never depend on load",
+    )
+    parser.add_argument("--max-num-seqs", type=int, help="prompts per engine step (needs --no-batch-invariant)")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="tokens per engine step (default --max-model-len; lower values need --no-batch-invariant)",
+    )
     parser.add_argument("--enforce-eager", action="store_true", help="skip graph capture and compilation")
     return parser.parse_args(argv)
+
+
+# Exit status when the engine dies or fails to start, so that a supervisor restarts the server.
+EXIT_ENGINE_DIED = 3
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import uvicorn
 
+    from clef_vllm.errors import SettingsError
     from clef_vllm.server.app import create_app
     from clef_vllm.server.backend import EngineBackend, ServeConfig
     from clef_vllm.server.connections import guarded_protocol
@@ -82,21 +99,39 @@ def main(argv: list[str] | None = None) -> None:
         data_parallel_size=args.dp,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        batch_invariant=args.batch_invariant,
         extra_engine_args={"enforce_eager": True} if args.enforce_eager else {},
     )
     if not os.path.isdir(config.model) and config.model.count("/") != 1:
         sys.exit(f"error: {config.model} is neither a folder nor a Hub id")
+    try:
+        config.check()
+    except SettingsError as exc:
+        sys.exit(f"error: {exc} (--no-batch-invariant)")
     limits = ConnectionLimits(args.header_timeout, args.body_timeout, args.max_connections)
     _log_requests()
-    uvicorn.run(
-        create_app(EngineBackend(config)),
-        host=config.host,
-        port=config.port,
-        log_level="info",
-        access_log=False,  # one line per request comes from the request-id layer, with the id
-        timeout_keep_alive=int(args.idle_timeout) or 1,
-        http=guarded_protocol(limits),
+    died = False
+
+    def on_engine_death() -> None:
+        nonlocal died
+        died = True
+        server.should_exit = True
+
+    app = create_app(EngineBackend(config), on_engine_death=on_engine_death)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level="info",
+            access_log=False,  # one line per request comes from the request-id layer, with the id
+            timeout_keep_alive=int(args.idle_timeout) or 1,
+            http=guarded_protocol(limits),
+        )
     )
+    server.run()
+    if died:
+        sys.exit(EXIT_ENGINE_DIED)
 
 
 def _log_requests() -> None:

@@ -1,0 +1,226 @@
+"""`clef-systemone` under load, as one real process on loopback: answers that do not move with what else is in
+flight, a 12 MB state that costs no more than what the model reads, memory that comes back, truncation made
+visible, and an exit the supervisor sees when the engine dies (the last test: it ends the module's server).
+
+The server reads at most 4096 tokens: on two cores a 16K-token prefill of even the tiny model takes seconds, and
+what is shown (a 12 MB state costs one full-length prefill) does not depend on the length."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from clef_quant.bench.processes import free_port, server_env, systemone_command, wait_healthy
+from clef_quant.bench.workload import WORDS, sentence, varied_requests
+from clef_vllm.server.cli import EXIT_ENGINE_DIED
+
+pytestmark = pytest.mark.slow
+
+MAX_LEN = 4096
+CLIENTS = 64
+DROPPED = "x-clef-state-tokens-dropped"
+EXACT = "x-clef-state-tokens-dropped-exact"
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("logs") / "systemone.log"
+    command = systemone_command(tiny_dir, port, "--max-model-len", str(MAX_LEN), "--enforce-eager")
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
+        )
+        try:
+            wait_healthy(process, port, log)
+            yield Server(f"http://127.0.0.1:{port}", process, log)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+def post(url: str, body: Any, timeout: float = 300) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body)
+    return httpx.post(
+        f"{url}/v1/systemone", content=content, headers={"Content-Type": "application/json"}, timeout=timeout
+    )
+
+
+def every_type(rng: random.Random) -> dict[str, Any]:
+    return {
+        "pick": {"type": "choice", "criteria": {w: sentence(rng, 3) for w in rng.sample(WORDS, 5)}},
+        "yes": {"type": "noul", "instructions": sentence(rng, 5)},
+        "level": {"type": "score", "criteria": [sentence(rng, 2) for _ in range(4)]},
+    }
+
+
+def long_state(rng: random.Random, tokenizer: Any, tokens: int) -> str:
+    """Words whose tokenization is about `tokens` long."""
+    words: list[str] = []
+    while len(tokenizer(" ".join(words), add_special_tokens=False)["input_ids"]) < tokens:
+        words.extend(rng.choice(WORDS) for _ in range(max(64, (tokens - len(words)) // 2)))
+    return " ".join(words)
+
+
+def load_requests(tokenizer: Any) -> list[dict[str, Any]]:
+    """24 requests: 20 varied ones (every question type, text and JSON states), and four long states around
+    the limit: just under it, a few tokens over, thousands over, and far beyond (an estimated count)."""
+    rng = random.Random(24)
+    bodies = varied_requests(20, seed=24)
+    for index, tokens in enumerate((MAX_LEN - 400, MAX_LEN + 50, MAX_LEN + 3000, 4 * MAX_LEN)):
+        state = long_state(rng, tokenizer, tokens)
+        bodies.append({"model": "clef", "id": f"long{index}", "state": state, "questions": every_type(rng)})
+    return bodies
+
+
+def answers(response: httpx.Response) -> tuple[dict[str, Any], str | None, str | None]:
+    assert response.status_code == 200, response.text
+    return response.json(), response.headers.get(DROPPED), response.headers.get(EXACT)
+
+
+@pytest.fixture(scope="module")
+def sequential(server: Server, tokenizer: Any) -> tuple[list[dict[str, Any]], list[Any]]:
+    bodies = load_requests(tokenizer)
+    return bodies, [answers(post(server.url, body)) for body in bodies]
+
+
+def test_64_concurrent_clients_get_exactly_the_sequential_answers(server: Server, sequential: Any) -> None:
+    bodies, expected = sequential
+
+    def client(index: int) -> tuple[int, Any]:
+        body_index = (index * 5) % len(bodies)
+        return body_index, answers(post(server.url, bodies[body_index]))
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        results = list(pool.map(client, range(CLIENTS)))
+    assert {i for i, _ in results} == set(range(len(bodies)))
+    for index, got in results:
+        assert got == expected[index], f"request {index} moved under load"
+
+
+def test_every_question_type_and_the_limit_are_covered(sequential: Any) -> None:
+    _, expected = sequential
+    types = {answer["type"] for body, _, _ in expected for answer in body["answers"].values()}
+    assert types == {"choice", "noul", "score"}
+    lengths = [body["usage"]["input_tokens"] for body, _, _ in expected]
+    assert max(lengths) == MAX_LEN and any(MAX_LEN - 600 < n < MAX_LEN for n in lengths)
+
+
+def test_the_truncation_header_counts_the_dropped_state_tokens(server: Server, sequential: Any, tokenizer) -> None:
+    from clef_vllm.encoding import encode_request
+    from clef_vllm.request import parse_request
+
+    bodies, expected = sequential
+    for body, (answer, dropped, exact) in zip(bodies, expected, strict=True):
+        encoding = encode_request(parse_request(body), tokenizer, max_length=MAX_LEN)
+        assert dropped == str(encoding.state_tokens_dropped)
+        assert exact == ("true" if encoding.state_tokens_dropped_exact else "false")
+        assert set(answer) == {"model", "answers", "usage"}  # the body keeps the release's shape
+    long = [(int(dropped), exact) for _, dropped, exact in expected[20:]]
+    assert long[0] == (0, "true")  # just under the limit
+    assert [exact for dropped, exact in long[1:] if dropped > 0] == ["true", "true", "false"]
+
+
+def huge_body(megabytes: int = 12) -> bytes:
+    rng = random.Random(12)
+    line = " ".join(rng.choice(WORDS) for _ in range(200)) + "\n"
+    state = line * (megabytes * 1_000_000 // len(line))
+    return json.dumps({"model": "clef", "state": state, "questions": {"q": {"type": "noul"}}}).encode()
+
+
+def timed(url: str, body: Any) -> float:
+    start = time.perf_counter()
+    response = post(url, body)
+    assert response.status_code == 200, response.text
+    return time.perf_counter() - start
+
+
+def test_a_12_mb_state_costs_one_full_prefill_and_does_not_hold_up_others(server: Server, sequential: Any) -> None:
+    bodies, _ = sequential
+    small, full = bodies[0], bodies[22]  # full: a state cut to exactly the model length
+    huge = huge_body()
+    small_alone = min(timed(server.url, small) for _ in range(3))
+    full_alone = min(timed(server.url, full) for _ in range(2))
+    huge_alone = timed(server.url, huge)
+    assert huge_alone < 2 * full_alone + 1.0, (huge_alone, full_alone)
+
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(huge=post(server.url, huge)))
+    thread.start()
+    time.sleep(0.3)  # the huge body is uploaded and being read
+    small_loaded = timed(server.url, small)
+    thread.join()
+    assert result["huge"].status_code == 200
+    assert result["huge"].headers[EXACT] == "false" and int(result["huge"].headers[DROPPED]) > 1_000_000
+    assert small_loaded < small_alone + full_alone + 1.0, (small_loaded, small_alone, full_alone)
+
+
+def test_memory_comes_back_after_large_requests(server: Server) -> None:
+    process = psutil.Process(server.process.pid)
+    huge = huge_body()
+    for _ in range(2):
+        assert post(server.url, huge).status_code == 200
+    baseline = process.memory_info().rss
+    for _ in range(6):
+        assert post(server.url, huge).status_code == 200
+    growth = process.memory_info().rss - baseline
+    assert growth < 100 * 1024 * 1024, f"resident memory grew by {growth / 2**20:.0f} MiB over 6 requests of 12 MB"
+
+
+def engine_core(server: Server) -> psutil.Process:
+    children = psutil.Process(server.process.pid).children(recursive=True)
+    cores = [child for child in children if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline())]
+    assert cores, [(c.name(), c.cmdline()) for c in children]
+    return cores[0]
+
+
+def test_engine_death_answers_503_then_the_server_exits_non_zero(server: Server, sequential: Any) -> None:
+    bodies, _ = sequential
+    in_flight: list[httpx.Response] = []
+    threads = [threading.Thread(target=lambda b=b: in_flight.append(post(server.url, b))) for b in bodies[20:24]]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    engine_core(server).kill()
+    for thread in threads:
+        thread.join()
+    assert {r.status_code for r in in_flight} <= {200, 503} and 503 in {r.status_code for r in in_flight}
+    for response in in_flight:
+        if response.status_code == 503:
+            assert response.json()["error"]["type"] == "service_unavailable"
+    try:
+        assert post(server.url, bodies[0], timeout=10).status_code == 503
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 503
+    except httpx.TransportError:
+        pass  # already gone: the exit below is what a supervisor acts on
+    assert server.process.wait(timeout=60) == EXIT_ENGINE_DIED
+    assert "the engine has stopped" in server.log.read_text()
