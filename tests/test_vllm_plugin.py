@@ -115,3 +115,16 @@ def test_quantized_folders_load_and_answer(quantized_dir, clef_engine, reference
     top1, max_dp = agreement(reference, responses)
     print(f"{scheme} plugin vs transformers bf16: top-1 agreement {top1:.3f}, max |dp| {max_dp:.4f}")
     assert top1 >= QUANTIZED_MIN_TOP1[scheme]
+
+
+@pytest.mark.slow
+def test_closing_one_engine_leaves_the_others_in_this_process_working(tiny_dir, clef_engine):
+    from clef_vllm.engine import ClefEngine
+
+    shared = clef_engine(tiny_dir, max_num_batched_tokens=4096)
+    body = varied_requests(1, seed=3)[0]
+    before = shared.score([body])
+    extra = ClefEngine(tiny_dir, max_model_len=shared.max_length, enforce_eager=True)
+    assert extra.score([body]) == before
+    extra.close()  # vLLM's own shutdown would tear down the parallel groups the shared engine still uses
+    assert shared.score([body]) == before

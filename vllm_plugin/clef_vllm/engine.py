@@ -20,7 +20,9 @@ that move in the third decimal with load.
 
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -108,6 +110,11 @@ def engine_args(
     return args
 
 
+# Engines whose core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) share vLLM's process-wide
+# distributed state; closing one must not tear that state down under the others.
+_IN_PROCESS_ENGINES: weakref.WeakSet[ClefEngine] = weakref.WeakSet()
+
+
 class ClefEngine:
     """A vLLM engine over one Clef-Flash release folder (original or quantized).
 
@@ -138,6 +145,8 @@ class ClefEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         apply_cpu_defaults()
         self.llm = LLM(**args)
+        if _in_process_core(self.llm) is not None:
+            _IN_PROCESS_ENGINES.add(self)
 
     def encode(self, body: dict[str, Any] | ClefRequest) -> tuple[ClefRequest, Encoding]:
         request = body if isinstance(body, ClefRequest) else parse_request(body, self.limits)
@@ -178,4 +187,23 @@ class ClefEngine:
 
     def close(self) -> None:
         """Stop the engine core now instead of at garbage collection (frees its memory and processes)."""
-        self.llm.llm_engine.engine_core.shutdown()
+        client = self.llm.llm_engine.engine_core
+        core = _in_process_core(self.llm)
+        _IN_PROCESS_ENGINES.discard(self)
+        if core is None or not len(_IN_PROCESS_ENGINES):
+            client.shutdown()
+            return
+        # vLLM's own shutdown ends with cleanup_dist_env_and_memory(), which would leave the other in-process
+        # engines without their (process-wide) parallel groups: free this engine's executor and scheduler only.
+        client._finalizer.detach()
+        core.model_executor.shutdown()
+        core.scheduler.shutdown()
+        gc.unfreeze()
+
+
+def _in_process_core(llm: Any) -> Any | None:
+    """The EngineCore when it runs in this process, else None (it runs in its own process)."""
+    from vllm.v1.engine.core_client import InprocClient
+
+    client = llm.llm_engine.engine_core
+    return client.engine_core if isinstance(client, InprocClient) else None
