@@ -1,4 +1,4 @@
-"""Write eval/fixtures/: synthetic rows in the exact columns, types and file layout of the seven public datasets.
+"""Write eval/fixtures/: synthetic rows in the exact columns, types and file layout of the public datasets of the tasks.
 
 The rows are written here from small word lists (no real dataset text), with the same `datasets` features as
 the Hub (ClassLabel columns keep their class names in the Parquet metadata) and laid out as the Hub's Parquet
@@ -173,6 +173,57 @@ def boolq(rng: random.Random, count: int, split: str) -> dict[str, list[Any]]:
     return rows
 
 
+SCIENCEQA_SUBJECTS = ["natural science", "social science", "language science"]
+SCIENCEQA_COLUMNS = [
+    "image",
+    "question",
+    "choices",
+    "answer",
+    "hint",
+    "task",
+    "grade",
+    "subject",
+    "topic",
+    "category",
+    "skill",
+    "lecture",
+    "solution",
+]
+
+
+def small_image(rng: random.Random) -> Any:
+    """A 48 x 32 picture of four coloured blocks (ScienceQA rows carry diagrams and photos)."""
+    from PIL import Image
+
+    image = Image.new("RGB", (48, 32))
+    for x in (0, 24):
+        for y in (0, 16):
+            image.paste((rng.randrange(256), rng.randrange(256), rng.randrange(256)), (x, y, x + 24, y + 16))
+    return image
+
+
+def scienceqa(rng: random.Random, count: int, split: str) -> dict[str, list[Any]]:
+    """About a third of the rows have no image, as in the real splits (the task skips those)."""
+    rows: dict[str, list[Any]] = {column: [] for column in SCIENCEQA_COLUMNS}
+    for index in range(count):
+        noun = rng.choice(NOUNS)
+        choices = [f"the {rng.choice(ADJECTIVES)} {rng.choice(NOUNS)}" for _ in range(rng.choice([2, 3, 4, 5]))]
+        rows["image"].append(small_image(rng) if index % 3 else None)
+        rows["question"].append(f"Which part of the picture shows the {noun}?")
+        rows["choices"].append(choices)
+        rows["answer"].append(rng.randrange(len(choices)))
+        rows["hint"].append(passage(rng, 1) if rng.random() < 0.7 else "")
+        rows["task"].append("closed choice")
+        rows["grade"].append(f"grade{rng.randint(1, 12)}")
+        rows["subject"].append(rng.choice(SCIENCEQA_SUBJECTS))
+        rows["topic"].append(noun)
+        rows["category"].append(f"{noun.capitalize()} facts")
+        rows["skill"].append(f"Identify the {noun}")
+        rows["lecture"].append(passage(rng, 2))
+        rows["solution"].append(passage(rng, 1))
+    return rows
+
+
 HELLASWAG_COLUMNS = [
     "ind",
     "activity_label",
@@ -189,7 +240,7 @@ HELLASWAG_COLUMNS = [
 
 def features() -> dict[str, Any]:
     """The Hub's `datasets` features of each dataset (what the Parquet export stores in its metadata)."""
-    from datasets import ClassLabel, Features, Sequence, Value
+    from datasets import ClassLabel, Features, Image, Sequence, Value
 
     text = Value("string")
     return {
@@ -229,6 +280,15 @@ def features() -> dict[str, Any]:
             }
         ),
         "google/boolq": Features({"question": text, "answer": Value("bool"), "passage": text}),
+        "derek-thomas/ScienceQA": Features(
+            {
+                "image": Image(),
+                "question": text,
+                "choices": Sequence(text),
+                "answer": Value("int8"),
+                **{column: text for column in SCIENCEQA_COLUMNS[4:]},
+            }
+        ),
     }
 
 
@@ -240,6 +300,7 @@ DATASETS: dict[str, tuple[str, tuple[str, ...], Callable[[random.Random, int, st
     "Rowan/hellaswag": ("default", ("validation", "train"), hellaswag),
     "facebook/anli": ("plain_text", ("test_r1", "train_r1", "test_r3", "train_r3"), anli),
     "google/boolq": ("default", ("validation", "train"), boolq),
+    "derek-thomas/ScienceQA": ("default", ("test", "train"), scienceqa),
 }
 
 

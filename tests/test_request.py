@@ -9,6 +9,7 @@ import pytest
 
 from clef_vllm.answers import build_response
 from clef_vllm.errors import RequestError
+from clef_vllm.media import MediaData
 from clef_vllm.request import Limits, QuestionType, parse_request
 
 
@@ -115,8 +116,32 @@ BAD_REQUESTS = [
         id="empty-option-id",
     ),
     pytest.param(body(images="abc"), ["images"], "images", id="images-not-a-list"),
-    pytest.param(body(images=[123]), ["images"], "images.0", id="image-not-a-string"),
-    pytest.param(body(videos=["abc"]), ["videos"], "videos.0", id="video-not-a-list-of-frames"),
+    pytest.param(body(images=[123]), ["images[0]", "base64"], "images[0]", id="image-not-a-string"),
+    pytest.param(body(videos=[123]), ["videos[0]"], "videos[0]", id="video-not-a-file-or-frames"),
+    pytest.param(body(videos=[["a", 5]]), ["videos[0][1]"], "videos[0][1]", id="video-frame-not-a-string"),
+    pytest.param(
+        body(images=[{"data_base64": "a", "data": "b"}]), ["images[0]", "exactly one"], "images[0]", id="two-sources"
+    ),
+    pytest.param(body(images=[{"format": "png"}]), ["images[0]", "exactly one"], "images[0]", id="no-source"),
+    pytest.param(body(images=[{"data_base64": "a", "colour": 1}]), ["images[0].colour"], "images[0]", id="unknown-key"),
+    pytest.param(body(images=[{"part": "p1"}]), ["images[0]", '"p1"'], "images[0]", id="missing-part"),
+    pytest.param(
+        body(assets={"<logo>": {"format": "png"}}), ["assets.<logo>", "exactly one"], "assets.<logo>", id="asset-empty"
+    ),
+    pytest.param(
+        body({"where": {"type": "box", "instructions": "the cat"}}),
+        ['"where"', "box", "region"],
+        "questions.where.type",
+        id="box-question",
+    ),
+    pytest.param(body(images=["a"] * 9), ["too many images", "9", "8"], "images", id="nine-images"),
+    pytest.param(
+        body(images=["a"] * 5, assets={f"<a{i}>": "b" for i in range(4)}),
+        ["too many images", "9"],
+        "images",
+        id="images-plus-assets",
+    ),
+    pytest.param(body(videos=["a", "b", "c"]), ["too many videos", "3", "2"], "videos", id="three-videos"),
 ]
 
 
@@ -162,7 +187,8 @@ def processor(tiny_dir):
         pytest.param({"images": ["data:image/png;base64,@@@@"]}, "images[0]", "base64", id="bad-data-url"),
         pytest.param({"images": [base64.b64encode(b"hello").decode()]}, "images[0]", "image", id="not-an-image"),
         pytest.param({"images": ["PNG", "B"]}, "images[0]", "base64", id="first-of-two"),
-        pytest.param({"videos": [["!!"]]}, "videos[0][0]", "base64", id="bad-video-frame"),
+        pytest.param({"videos": [["!!", "!!"]]}, "videos[0][0]", "base64", id="bad-video-frame"),
+        pytest.param({"videos": ["!!"]}, "videos[0]", "base64", id="bad-video-file"),
     ],
 )
 def test_bad_image_data_is_a_request_error(tokenizer, processor, media, where, needle):
@@ -249,11 +275,76 @@ def test_noul_defaults_overrides_and_extra_keys():
 
 
 def test_extra_top_level_keys_and_media_are_kept():
-    request = parse_request(body(id=5, images=["a"], videos=[["b", "c"]], temperature=0))
+    request = parse_request(body(id=5, images=["a"], videos=[["b", "c"], "d"], temperature=0))
     assert request.record_id == "5"
-    assert request.images == ("a",)
-    assert request.videos == (("b", "c"),)
+    assert request.images == (MediaData("images[0]", "a"),)
+    assert request.videos == (
+        (MediaData("videos[0][0]", "b"), MediaData("videos[0][1]", "c")),
+        MediaData("videos[1]", "d"),
+    )
     assert request.has_media
+
+
+def test_media_object_forms_and_multipart_parts():
+    images = [
+        {"data": "A", "media_type": "image/png"},
+        {"base64": "B", "content_type": "image/jpeg"},
+        {"data_base64": "C", "format": "webp"},
+        {"part": "photo", "format": "png"},
+    ]
+    request = parse_request(body(images=images), parts={"photo": b"raw bytes"})
+    assert request.images == (
+        MediaData("images[0]", "A", "image/png"),
+        MediaData("images[1]", "B", "image/jpeg"),
+        MediaData("images[2]", "C", "webp"),
+        MediaData("images[3]", b"raw bytes", "png"),
+    )
+
+
+def test_assets_become_images_in_order_of_first_reference():
+    """State first, then each question's instructions and options in model order; unreferenced assets last."""
+    questions = {
+        "q1": {
+            "type": "choice",
+            "instructions": "Compare {{b}} with {{a}}",
+            "criteria": {"y": "like {{c}}", "x": "no"},
+        },
+    }
+    assets = {name: {"format": "png", "data_base64": name} for name in ("{{a}}", "{{unused}}", "{{c}}", "{{b}}")}
+    request = parse_request(body(questions, state={"photo": "see {{b}}"}, images=["first"], assets=assets))
+    assert [(m.where, m.data) for m in request.images] == [
+        ("images[0]", "first"),
+        ("assets.{{b}}", "{{b}}"),  # in the state
+        ("assets.{{a}}", "{{a}}"),  # in q1's instructions, after {{b}}
+        ("assets.{{c}}", "{{c}}"),  # in option y
+        ("assets.{{unused}}", "{{unused}}"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("limits", "media", "message"),
+    [
+        pytest.param(
+            Limits(max_images=0),
+            {"images": ["a"]},
+            "images are switched off on this server (--limit-images 0)",
+            id="images-off",
+        ),
+        pytest.param(
+            Limits(max_videos=0),
+            {"videos": ["a"]},
+            "videos are switched off on this server (--limit-videos 0)",
+            id="videos-off",
+        ),
+        pytest.param(
+            Limits(max_images=1), {"images": ["a"], "assets": {"<x>": "b"}}, "too many images", id="over-limit"
+        ),
+    ],
+)
+def test_media_switched_off_or_limited(limits, media, message):
+    with pytest.raises(RequestError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_request(body(**media), limits)
+    assert parse_request(body(), limits).images == ()
 
 
 def test_custom_limits():

@@ -100,8 +100,10 @@ def run_throughput(
     device: str = "cpu",
     engine_kwargs: dict[str, Any] | None = None,
     on_stage: Callable[[str], None] | None = None,
+    image_requests: Sequence[ClefRequest] = (),
 ) -> ThroughputResult:
-    """Time the reference and every `(name, folder)` of `plugin` on the same requests."""
+    """Time the reference and every `(name, folder)` of `plugin` on the same requests; `image_requests` (one
+    image each) get their own row per side, timed the same way."""
     from clef_quant.reference import ReferenceScorer
 
     stage = on_stage or (lambda _message: None)
@@ -122,16 +124,26 @@ def run_throughput(
     stage("transformers reference: timed")
     timed = score_reference(scorer, encodings, batch_size)
     rows.append(_row("bf16 reference", "transformers", reference, encodings, timed, loaded))
+    if image_requests:
+        stage("transformers reference: image records")
+        with_images = [scorer.encode(r) for r in image_requests]
+        score_reference(scorer, with_images[:1], 1)
+        timed = score_reference(scorer, with_images, batch_size)
+        rows.append(_row("bf16 reference, 1 image", "transformers", reference, with_images, timed, loaded))
     del scorer
     gc.collect()
 
     engines = FreshEngines(max_model_len=max_model_len, **engine_kwargs)
     for name, folder in plugin:
         stage(f"plugin {name}: starting the engine")
-        from transformers import AutoTokenizer
+        from transformers import AutoProcessor, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(folder)
         encodings = [encode_request(r, tokenizer, max_length=max_model_len) for r in requests]
+        processor = AutoProcessor.from_pretrained(folder) if image_requests else None
+        with_images = [
+            encode_request(r, tokenizer, processor=processor, max_length=max_model_len) for r in image_requests
+        ]
         began = time.perf_counter()
         with engines.open(folder) as engine:
             started = time.perf_counter() - began
@@ -139,7 +151,13 @@ def run_throughput(
             score_plugin(engine, encodings[:batch_size])
             stage(f"plugin {name}: timed")
             timed = score_plugin(engine, encodings, chunk=len(encodings))
+            if with_images:
+                stage(f"plugin {name}: image records")
+                score_plugin(engine, with_images[:batch_size])
+                image_timed = score_plugin(engine, with_images, chunk=len(with_images))
         rows.append(_row(name, "vLLM plugin", folder, encodings, timed, started))
+        if with_images:
+            rows.append(_row(f"{name}, 1 image", "vLLM plugin", folder, with_images, image_timed, started))
         gc.collect()
 
     return ThroughputResult(
@@ -189,6 +207,8 @@ def render_markdown(result: ThroughputResult, command: str) -> str:
         f"(max model len {result.max_model_len}) |",
         f"| reference | transformers, bf16, batches of {result.batch_size} records sorted by length (right-padded) |",
         f"| plugin | one `ClefEngine.logits` call over all records; engine options {json.dumps(result.engine)} |",
+        "| image rows | generated requests (`clef_quant.bench.workload.image_requests`), one PNG of 48-160 px a side "
+        "each; the reference runs records with media one at a time |",
         "| timing | one untimed warm-up batch per side, then every record once; model time only (encoding is "
         "done before), perf_counter |",
         f"| load | {result.load} |",

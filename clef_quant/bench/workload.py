@@ -80,3 +80,33 @@ def varied_requests(count: int = 24, seed: int = 0) -> list[dict[str, Any]]:
             questions[f"q{q}"] = question
         requests.append({"model": "clef", "id": f"r{index}", "state": state, "questions": questions})
     return requests
+
+
+def generated_image(rng: random.Random, width: int, height: int) -> str:
+    """A PNG (base64) of random colour blocks: different pixels for each seed, a few KiB."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    block = 8
+    image = Image.new("RGB", (width, height))
+    for x in range(0, width, block):
+        for y in range(0, height, block):
+            colour = (rng.randrange(256), rng.randrange(256), rng.randrange(256))
+            image.paste(colour, (x, y, x + block, y + block))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+IMAGE_SIZES = [(64, 48), (96, 96), (128, 64), (48, 160)]
+
+
+def image_requests(count: int = 16, seed: int = 0, images_per_request: int = 1) -> list[dict[str, Any]]:
+    """`varied_requests` with generated images attached (sizes from 48 to 160 pixels a side)."""
+    rng = random.Random(seed)
+    requests = varied_requests(count, seed)
+    for request in requests:
+        request["images"] = [generated_image(rng, *rng.choice(IMAGE_SIZES)) for _ in range(images_per_request)]
+    return requests

@@ -164,6 +164,9 @@ def throughput(
     nvfp4: Annotated[Path | None, typer.Option(help="An NVFP4 folder to run through the plugin.")] = None,
     records: Annotated[int, typer.Option(min=1, help="Requests scored by every side.")] = 64,
     batch_size: Annotated[int, typer.Option(min=1, help="Records per transformers forward pass.")] = 8,
+    image_records: Annotated[
+        int, typer.Option(min=0, help="Generated records with one image each, timed as their own row (0: none).")
+    ] = 16,
     max_model_len: Annotated[int, typer.Option(min=256, help="Maximum prompt length for both sides.")] = 4096,
     device: Annotated[Device, typer.Option(help="Where the reference runs (the plugin runs where vLLM runs).")] = (
         Device.cpu
@@ -185,6 +188,8 @@ def throughput(
     import torch
 
     from clef_quant.bench.throughput import load_requests, render_markdown, run_throughput
+    from clef_quant.bench.workload import image_requests
+    from clef_vllm.request import parse_request
 
     if device is Device.cuda and not torch.cuda.is_available():
         raise fail("CUDA is not available on this machine", hint="run with --device cpu")
@@ -209,6 +214,7 @@ def throughput(
             device=device.value,
             engine_kwargs={"enforce_eager": True} if eager else {},
             on_stage=lambda message: status.update(message),
+            image_requests=[parse_request(body) for body in image_requests(image_records, seed=0)],
         )
     out = out or Path(f"bench/results/throughput-{device.value}.md")
     out.parent.mkdir(parents=True, exist_ok=True)

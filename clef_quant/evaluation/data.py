@@ -234,13 +234,26 @@ def sample_task(
     return TaskSample(task, eval_records, calibration_records, len(eval_set), calibration_rows, skipped)
 
 
+def _processor_for_media(records: Sequence[Record], tokenizer: Any) -> Any:
+    """The processor of the tokenizer's folder, only when some record has images (it expands them)."""
+    if not any(r.request.get("images") or r.request.get("videos") for r in records):
+        return None
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(tokenizer.name_or_path)
+
+
 def _lengths(records: Sequence[Record], tokenizer: Tokenizer | None) -> dict[str, Any]:
     """Prompt lengths in tokens (the real encoding, uncut) or, without a tokenizer, characters of state + questions."""
     if not records:
         return {}
     if tokenizer is not None:
         unit = "tokens"
-        values = [encode_request(parse_request(r.request), tokenizer, max_length=10**9).num_tokens for r in records]
+        processor = _processor_for_media(records, tokenizer)
+        values = [
+            encode_request(parse_request(r.request), tokenizer, processor=processor, max_length=10**9).num_tokens
+            for r in records
+        ]
     else:
         unit = "characters (state + questions as JSON)"
         values = [len(render(r.request["state"])) + len(render(r.request["questions"])) for r in records]
@@ -419,8 +432,6 @@ def _check_line(value: Any) -> tuple[str, str, dict[str, Any], ClefRequest, dict
         check_gold(request, gold)
     except TaskFileError as exc:
         raise DataError(str(exc)) from None
-    if request.has_media:
-        raise DataError("requests with images or videos are not evaluated yet")
     return record_id, task, body, request, gold
 
 

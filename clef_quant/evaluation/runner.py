@@ -327,17 +327,21 @@ def run_eval(
         sides[0].folder, dtype=torch.bfloat16, device=config.device, max_length=config.max_model_len
     )  # loads the tokenizer now, the model on first use
     _encode_all(sides[0], data.records, scorer.encode)
-    from transformers import AutoTokenizer
+    from transformers import AutoProcessor, AutoTokenizer
 
     tokenizers: dict[Path, Any] = {}
+    with_media = any(record.request.has_media for record in data.records)
     for side in sides[1:]:
         if side.folder not in tokenizers:
-            tokenizers[side.folder] = AutoTokenizer.from_pretrained(side.folder)
-        tokenizer = tokenizers[side.folder]
+            processor = AutoProcessor.from_pretrained(side.folder) if with_media else None
+            tokenizers[side.folder] = (AutoTokenizer.from_pretrained(side.folder), processor)
+        tokenizer, processor = tokenizers[side.folder]
         _encode_all(
             side,
             data.records,
-            lambda request, t=tokenizer: encode_request(request, t, max_length=config.max_model_len),
+            lambda request, t=tokenizer, p=processor: encode_request(
+                request, t, processor=p, max_length=config.max_model_len
+            ),
         )
 
     probs_dir = Path(config.out) / PROBS_DIR

@@ -85,8 +85,20 @@ def record_key(side: str, encoding: Encoding) -> str:
             "types": list(schema.question_types),
             "questions": [list(span) for span in schema.question_spans],
             "options": [[list(span) for span in spans] for spans in schema.option_spans],
+            **({"media": _media_digest(encoding)} if encoding.media_inputs else {}),
         }
     )
+
+
+def _media_digest(encoding: Encoding) -> str:
+    """Images of the same size expand to the same ids; their pixels tell records apart."""
+    digest = hashlib.sha256()
+    for name in sorted(encoding.media_inputs):
+        value = encoding.media_inputs[name]
+        if hasattr(value, "numpy"):
+            digest.update(name.encode())
+            digest.update(value.float().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _digest(value: Any) -> str:

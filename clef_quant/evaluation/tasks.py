@@ -9,6 +9,8 @@ A task file is data. Its `request` and `gold` sections are JSON-like templates e
 - `{$map: path, values: {...}}` looks the row's value up in a table (keys compare as text: `0`, `"0"` and
   `true` match the values 0, "0" and True);
 - `{$zip: {ids: EXPR, descriptions: EXPR}}` pairs two lists into an object, for choice criteria taken from a row;
+- `{$image: column}` is the row's image (a `datasets` Image) as base64 PNG, for the request's `images`; a row
+  without one does not fit the task;
 - lists and objects are evaluated item by item, anything else is kept as it is.
 
 Gold answers are option ids: a choice's key, `"true"`/`"false"` for noul, `"0"`, `"1"`, ... for score levels.
@@ -61,6 +63,7 @@ class TaskBody(BaseModel):
     title: str
     version: int
     description: str = ""
+    optional: bool = False  # built and evaluated only when asked for by name (--task)
     dataset: DatasetSpec
     request: dict[str, Any]
     gold: dict[str, Any]
@@ -85,12 +88,15 @@ class Task:
     def request(self, row: Row, names: LabelNames, record_id: str) -> dict[str, Any]:
         """The SystemOne request body of one row."""
         template = self.body.request
-        return {
+        body = {
             "id": record_id,
             "model": REQUEST_MODEL,
             "state": evaluate(template["state"], row, names),
             "questions": {qid: evaluate(q, row, names) for qid, q in template["questions"].items()},
         }
+        if "images" in template:
+            body["images"] = evaluate(template["images"], row, names)
+        return body
 
     def gold(self, row: Row, names: LabelNames) -> dict[str, str]:
         return {qid: _option_id(evaluate(expr, row, names)) for qid, expr in self.body.gold.items()}
@@ -197,6 +203,24 @@ def _op_label_name(expr: dict[str, Any], row: Row, names: LabelNames) -> str:
     return names[column][value]
 
 
+def _op_image(expr: dict[str, Any], row: Row, names: LabelNames) -> str:
+    import base64
+    import io
+
+    value = _lookup(row, expr["$image"])
+    if value is None:
+        raise RowError(f"the row has no image in {expr['$image']!r}")
+    if isinstance(value, Mapping):  # an undecoded Image feature: {"bytes", "path"}
+        if not value.get("bytes"):
+            raise RowError(f"the row has no image bytes in {expr['$image']!r}")
+        return base64.b64encode(value["bytes"]).decode("ascii")
+    if not hasattr(value, "save"):
+        raise RowError(f"{expr['$image']!r} is not an image")
+    buffer = io.BytesIO()
+    value.convert("RGB").save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
 def _op_map(expr: dict[str, Any], row: Row, names: LabelNames) -> Any:
     table = {_key_text(key): value for key, value in (expr.get("values") or {}).items()}
     value = _key_text(_lookup(row, expr["$map"]))
@@ -222,6 +246,7 @@ _OPERATORS: dict[str, Callable[[dict[str, Any], Row, LabelNames], Any]] = {
     "$label_name": _op_label_name,
     "$map": _op_map,
     "$zip": _op_zip,
+    "$image": _op_image,
 }
 
 
@@ -245,15 +270,18 @@ def load_task(path: Path) -> Task:
     if body.name != path.stem:
         raise TaskFileError(f"{path}: name {body.name!r} must equal the file name {path.stem!r}")
     questions = body.request.get("questions")
-    if set(body.request) != {"state", "questions"} or not isinstance(questions, dict) or not questions:
-        raise TaskFileError(f"{path}: request needs exactly a state and a non-empty questions object")
+    if not {"state", "questions"} <= set(body.request) <= {"state", "questions", "images"} or not questions:
+        raise TaskFileError(f"{path}: request needs a state, a non-empty questions object and optionally images")
+    if not isinstance(questions, dict):
+        raise TaskFileError(f"{path}: request needs a state, a non-empty questions object and optionally images")
     if set(body.gold) != set(questions):
         raise TaskFileError(f"{path}: gold must name every question exactly once ({', '.join(questions)})")
     return Task(body=body, path=path, sha256=hashlib.sha256(raw).hexdigest())
 
 
 def load_tasks(folder: Path = TASKS_DIR, names: list[str] | None = None) -> list[Task]:
-    """Every task file of `folder` (sorted by name), or only `names`; unknown names fail listing the known ones."""
+    """Every task file of `folder` (sorted by name) except optional ones, or only `names`; unknown names fail
+    listing the known ones."""
     paths = sorted(Path(folder).glob("*.yaml"))
     if not paths:
         raise TaskFileError(f"no task files (*.yaml) in {folder}")
@@ -264,4 +292,5 @@ def load_tasks(folder: Path = TASKS_DIR, names: list[str] | None = None) -> list
         if unknown:
             raise TaskFileError(f"unknown task(s) {', '.join(unknown)}; known: {', '.join(known)}")
         tasks = [known[name] for name in names]
-    return tasks
+        return tasks
+    return [task for task in tasks if not task.body.optional]

@@ -10,15 +10,21 @@ the same ids as a whole-state tokenization.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
 import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from clef_vllm.errors import RequestError, SchemaTooLongError
 from clef_vllm.head import RecordSchema
+from clef_vllm.media import (
+    DEFAULT_MEDIA_LIMITS,
+    DecodedVideo,
+    MediaData,
+    MediaLimits,
+    decode_frames,
+    decode_image,
+    decode_video,
+)
 from clef_vllm.request import ClefRequest
 from clef_vllm.state_cut import cut_state
 
@@ -75,7 +81,11 @@ class Encoding:
     state_tokens: int  # state tokens kept
     state_tokens_dropped: int  # cut from the end of the state to fit max_length
     max_length: int
-    media_inputs: dict[str, Any] = field(default_factory=dict)  # processor outputs (pixel values, grids)
+    # processor outputs (pixel values, grids, mm_token_type_ids over the whole sequence)
+    media_inputs: dict[str, Any] = field(default_factory=dict)
+    # what vLLM's own processor expands: the ids with one pad token per image/video, and the decoded media
+    prompt_ids: list[int] | None = None
+    multi_modal_data: dict[str, list[Any]] = field(default_factory=dict)
     # False when the state ran more than max_length tokens past the cut: the count is then estimated from its
     # characters, because counting exactly would mean tokenizing text the model never reads.
     state_tokens_dropped_exact: bool = True
@@ -137,6 +147,7 @@ def encode_request(
     *,
     processor: Any | None = None,
     max_length: int = DEFAULT_MAX_LENGTH,
+    media_limits: MediaLimits = DEFAULT_MEDIA_LIMITS,
 ) -> Encoding:
     """Encode a validated request exactly as the Clef release does.
 
@@ -147,9 +158,10 @@ def encode_request(
     (prefix_ids,) = _token_ids(tokenizer, [PREFIX])
     schema_ids = _token_ids(tokenizer, schema.texts)
     media_ids: list[int] = []
-    media_inputs: dict[str, Any] = {}
+    media = _Media()
     if request.has_media:
-        media_ids, media_inputs = _encode_media(request, processor)
+        media = _encode_media(request, processor, tokenizer, media_limits)
+        media_ids = media.ids
 
     fixed = len(prefix_ids) + len(media_ids) + sum(len(ids) for ids in schema_ids)
     if fixed > max_length:
@@ -170,6 +182,10 @@ def encode_request(
                 option_spans[qi][oj] = span
         input_ids.extend(ids)
 
+    prompt_ids = None
+    if request.has_media:
+        media.place_token_types(len(prefix_ids), len(input_ids))
+        prompt_ids = prefix_ids + media.unexpanded_ids + input_ids[len(prefix_ids) + len(media_ids) :]
     return Encoding(
         input_ids=input_ids,
         question_ids=[q.id for q in request.questions],
@@ -180,41 +196,92 @@ def encode_request(
         state_tokens=len(state.ids),
         state_tokens_dropped=state.dropped,
         max_length=max_length,
-        media_inputs=media_inputs,
+        media_inputs=media.inputs,
+        prompt_ids=prompt_ids,
+        multi_modal_data=media.multi_modal_data,
         state_tokens_dropped_exact=state.dropped_exact,
     )
 
 
-def _encode_media(request: ClefRequest, processor: Any | None) -> tuple[list[int], dict[str, Any]]:
+@dataclass
+class _Media:
+    ids: list[int] = field(default_factory=list)  # placeholders expanded by the processor
+    unexpanded_ids: list[int] = field(default_factory=list)
+    inputs: dict[str, Any] = field(default_factory=dict)
+    multi_modal_data: dict[str, list[Any]] = field(default_factory=dict)
+
+    def place_token_types(self, offset: int, total: int) -> None:
+        """The processor types only the media text; the model reads them at the media's place in the prompt."""
+        import torch
+
+        types = self.inputs.get("mm_token_type_ids")
+        if types is None:
+            return
+        full = torch.zeros((1, total), dtype=types.dtype)
+        full[0, offset : offset + types.shape[-1]] = types[0]
+        self.inputs["mm_token_type_ids"] = full
+
+
+def _encode_media(request: ClefRequest, processor: Any | None, tokenizer: Tokenizer, limits: MediaLimits) -> _Media:
     if processor is None:
         raise RequestError("this request has images or videos, but the checkpoint has no processor", "images")
-    images = [decode_image(data, f"images[{i}]") for i, data in enumerate(request.images)]
-    videos = [
-        [decode_image(frame, f"videos[{i}][{j}]") for j, frame in enumerate(frames)]
-        for i, frames in enumerate(request.videos)
+    images = [decode_image(item, limits) for item in request.images]
+    sampler = _frame_sampler(processor)
+    videos: list[DecodedVideo] = [
+        decode_video(video, sampler, limits)
+        if isinstance(video, MediaData)
+        else decode_frames(video, f"videos[{i}]", limits, _frame_rate(processor))
+        for i, video in enumerate(request.videos)
     ]
-    outputs = processor(
-        text=[media_text(len(images), len(videos))],
-        images=images or None,
-        videos=videos or None,
-        return_tensors="pt",
+    text = media_text(len(images), len(videos))
+    video_kwargs: dict[str, Any] = {}
+    if videos:
+        video_kwargs = {
+            "videos": [v.frames for v in videos],
+            "video_metadata": [_hf_metadata(v) for v in videos],
+            "do_sample_frames": False,
+        }
+    outputs = processor(text=[text], images=images or None, return_tensors="pt", **video_kwargs)
+    (unexpanded,) = _token_ids(tokenizer, [text])
+    multi_modal_data: dict[str, list[Any]] = {}
+    if images:
+        multi_modal_data["image"] = images
+    if videos:
+        multi_modal_data["video"] = [(v.frames, v.metadata()) for v in videos]
+    return _Media(
+        ids=[int(t) for t in outputs["input_ids"][0]],
+        unexpanded_ids=unexpanded,
+        inputs={k: v for k, v in outputs.items() if k not in ("input_ids", "attention_mask", "video_metadata")},
+        multi_modal_data=multi_modal_data,
     )
-    ids = [int(t) for t in outputs["input_ids"][0]]
-    extra = {k: v for k, v in outputs.items() if k not in ("input_ids", "attention_mask")}
-    return ids, extra
 
 
-def decode_image(data: str, where: str) -> Any:
-    """A base64 string or `data:` URL as an RGB PIL image; anything else is a request error naming `where`."""
-    from PIL import Image, UnidentifiedImageError
+def _frame_rate(processor: Any) -> float:
+    return float(getattr(processor.video_processor, "fps", None) or 2.0)
 
-    payload = data.split(",", 1)[1] if data.startswith("data:") else data
-    try:
-        raw = base64.b64decode(payload, validate=True)
-        image = Image.open(io.BytesIO(raw))
-        image.load()
-    except (binascii.Error, ValueError):
-        raise RequestError(f"{where} is not base64 image data or a data: URL", where) from None
-    except (UnidentifiedImageError, OSError):
-        raise RequestError(f"{where} is not a readable image", where) from None
-    return image.convert("RGB")
+
+def _frame_sampler(processor: Any) -> Any:
+    """Frame indices exactly as the checkpoint's video processor samples a decoded file."""
+    from transformers.video_utils import VideoMetadata
+
+    video_processor = processor.video_processor
+
+    def sample(total_num_frames: int, fps: float) -> list[int]:
+        metadata = VideoMetadata(total_num_frames=total_num_frames, fps=fps)
+        return [int(i) for i in video_processor.sample_frames(metadata)]
+
+    return sample
+
+
+def _hf_metadata(video: DecodedVideo) -> Any:
+    from transformers.video_utils import VideoMetadata
+
+    meta = video.metadata()
+    return VideoMetadata(
+        total_num_frames=meta["total_num_frames"],
+        fps=meta["fps"],
+        duration=meta["duration"],
+        frames_indices=meta["frames_indices"],
+        height=meta["height"],
+        width=meta["width"],
+    )

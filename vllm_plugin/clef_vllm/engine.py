@@ -83,9 +83,12 @@ def engine_args(
     *,
     max_model_len: int = DEFAULT_MAX_LENGTH,
     batch_invariant: bool = True,
+    limits: Limits = DEFAULT_LIMITS,
     **overrides: Any,
 ) -> dict[str, Any]:
-    """vLLM engine arguments that run a Clef-Flash folder through the plugin's pooler."""
+    """vLLM engine arguments that run a Clef-Flash folder through the plugin's pooler.
+
+    With media switched off (no images and no videos allowed) the vision tower is not even loaded."""
     from vllm.config import PoolerConfig
 
     schedule = schedule_args(
@@ -101,11 +104,13 @@ def engine_args(
         "hf_overrides": {"architectures": [ARCHITECTURE]},
         "pooler_config": PoolerConfig(task="token_classify"),
         "enable_prefix_caching": False,
-        "language_model_only": True,  # media support lands later; the vision tower is not loaded
+        "language_model_only": not limits.media_enabled,
         "max_model_len": max_model_len,
         "dtype": "bfloat16",
         **schedule,
     }
+    if limits.media_enabled:
+        args["limit_mm_per_prompt"] = {"image": limits.max_images, "video": limits.max_videos}
     args.update(overrides)
     return args
 
@@ -113,6 +118,25 @@ def engine_args(
 # Engines whose core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) share vLLM's process-wide
 # distributed state; closing one must not tear that state down under the others.
 _IN_PROCESS_ENGINES: weakref.WeakSet[ClefEngine] = weakref.WeakSet()
+
+
+def load_processor(model: str | Path, limits: Limits) -> Any:
+    """The checkpoint's processor when media are on (it expands image and video placeholders), else None."""
+    if not limits.media_enabled:
+        return None
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(model))
+
+
+def engine_prompt(encoding: Encoding) -> Any:
+    """What the engine runs: for media, the ids with unexpanded placeholders plus the decoded media, which
+    vLLM's own Qwen3.5 processor expands into exactly `encoding.input_ids` (checked on every output)."""
+    from vllm import TokensPrompt
+
+    if encoding.multi_modal_data:
+        return TokensPrompt(prompt_token_ids=encoding.prompt_ids, multi_modal_data=encoding.multi_modal_data)
+    return TokensPrompt(prompt_token_ids=encoding.input_ids)
 
 
 class ClefEngine:
@@ -137,12 +161,15 @@ class ClefEngine:
 
         if not Path(model).is_dir() and str(model).count("/") != 1:
             raise CheckpointError(f"{model} is neither a folder nor a Hub id")
-        args = engine_args(model, max_model_len=max_model_len, batch_invariant=batch_invariant, **engine_kwargs)
+        args = engine_args(
+            model, max_model_len=max_model_len, batch_invariant=batch_invariant, limits=limits, **engine_kwargs
+        )
         self.model = str(model)
         self.max_length = max_model_len
         self.limits = limits
         self.batch_invariant = batch_invariant
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        self.processor = load_processor(self.model, limits)
         apply_cpu_defaults()
         self.llm = LLM(**args)
         if _in_process_core(self.llm) is not None:
@@ -150,15 +177,20 @@ class ClefEngine:
 
     def encode(self, body: dict[str, Any] | ClefRequest) -> tuple[ClefRequest, Encoding]:
         request = body if isinstance(body, ClefRequest) else parse_request(body, self.limits)
-        if request.has_media:
-            raise RequestError("images and videos are not supported by the vLLM plugin yet", "images")
-        return request, encode_request(request, self.tokenizer, max_length=self.max_length)
+        encoding = encode_request(
+            request,
+            self.tokenizer,
+            processor=self.processor,
+            max_length=self.max_length,
+            media_limits=self.limits.media,
+        )
+        return request, encoding
 
     def logits(self, encodings: Sequence[Encoding], *, progress: bool = False) -> list[torch.Tensor]:
         """Every option's logit for each encoded request (flat, model order), batched by vLLM."""
-        from vllm import PoolingParams, TokensPrompt
+        from vllm import PoolingParams
 
-        prompts = [TokensPrompt(prompt_token_ids=e.input_ids) for e in encodings]
+        prompts = [engine_prompt(e) for e in encodings]
         params = [
             PoolingParams(task="token_classify", use_activation=False, extra_kwargs={SCHEMA_KEY: pooling_schema(e)})
             for e in encodings

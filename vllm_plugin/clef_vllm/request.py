@@ -6,19 +6,23 @@ order the model sees them, so encoding and answer mapping never re-derive that o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictStr, ValidationError
 
 from clef_vllm.errors import RequestError
+from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MediaData, MediaLimits
 
 MAX_QUESTIONS = 64
 MAX_CHOICE_OPTIONS = 256
 MAX_SCORE_LEVELS = 256
 MIN_OPTIONS = 1  # the release and the SystemOne schema accept a one-option choice and a one-level score
 MAX_ID_LENGTH = 100
+MAX_IMAGES = 8
+MAX_VIDEOS = 2
 
 NOUL_DEFAULTS = {
     "true": "The proposition is true or the answer is yes.",
@@ -43,6 +47,13 @@ class Limits:
     max_score_levels: int = MAX_SCORE_LEVELS
     min_options: int = MIN_OPTIONS
     max_id_length: int = MAX_ID_LENGTH
+    max_images: int = MAX_IMAGES  # per request, `images` and `assets` together; 0 switches images off
+    max_videos: int = MAX_VIDEOS  # per request; 0 switches videos off
+    media: MediaLimits = field(default_factory=lambda: DEFAULT_MEDIA_LIMITS)
+
+    @property
+    def media_enabled(self) -> bool:
+        return self.max_images > 0 or self.max_videos > 0
 
 
 DEFAULT_LIMITS = Limits()
@@ -61,6 +72,23 @@ class QuestionBody(BaseModel):
     )
 
 
+class MediaObject(BaseModel):
+    """The object form of an image, video or frame that some clients send instead of a plain string."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    data: StrictStr | None = Field(default=None, description="Base64 data or a data: URL")
+    base64_data: StrictStr | None = Field(default=None, alias="base64")
+    data_base64: StrictStr | None = None
+    part: StrictStr | None = Field(default=None, description="Name of a part of a multipart request")
+    media_type: StrictStr | None = None
+    content_type: StrictStr | None = None
+    format: StrictStr | None = Field(default=None, description="e.g. png, jpeg, mp4 (informative)")
+
+
+MediaValue = StrictStr | MediaObject
+
+
 class SystemOneRequestBody(BaseModel):
     """The `POST /v1/systemone` body (Jev / SystemOne)."""
 
@@ -69,8 +97,15 @@ class SystemOneRequestBody(BaseModel):
     # Optional, but a string when given: an explicit null is refused (the default is not validated).
     model: StrictStr = Field(default=None, description="Echoed in the response; the served name when absent")  # type: ignore[assignment]
     state: JsonValue = Field(description="Any JSON; rendered as text, cut from its end when too long")
-    images: list[str] | None = Field(default=None, description="Base64 images or data URLs")
-    videos: list[list[str]] | None = Field(default=None, description="Videos as lists of base64 frames")
+    images: list[JsonValue] | None = Field(
+        default=None, description="Images: base64 strings, data URLs or objects {data_base64, format}"
+    )
+    videos: list[JsonValue] | None = Field(
+        default=None, description="Videos: each a video file (base64 / data URL / object) or a list of frames"
+    )
+    assets: dict[str, JsonValue] | None = Field(
+        default=None, description="Placeholder -> image object; referenced by the placeholder inside strings"
+    )
     questions: dict[str, QuestionBody] = Field(description="Question id -> question, in the order to encode")
 
 
@@ -93,13 +128,16 @@ class Question:
         return self.type.name.lower()
 
 
+VideoData = MediaData | tuple[MediaData, ...]  # a video file, or frames already sampled
+
+
 @dataclass(frozen=True)
 class ClefRequest:
     model: str | None  # None when the client left it out; servers answer with their served name
     state: Any
     questions: tuple[Question, ...]
-    images: tuple[str, ...] = ()
-    videos: tuple[tuple[str, ...], ...] = ()
+    images: tuple[MediaData, ...] = ()  # `images`, then `assets` in order of first reference
+    videos: tuple[VideoData, ...] = ()
     record_id: str = "unknown"
 
     @property
@@ -107,15 +145,20 @@ class ClefRequest:
         return bool(self.images or self.videos)
 
 
-def parse_request(body: object, limits: Limits = DEFAULT_LIMITS) -> ClefRequest:
+def parse_request(
+    body: object, limits: Limits = DEFAULT_LIMITS, parts: Mapping[str, bytes] | None = None
+) -> ClefRequest:
     """Validate a JSON body and return the request with every question's options in model order.
 
-    Raises `RequestError` with a message that names the field at fault.
+    `parts` are the named file parts of a multipart request, referenced by media objects as `{"part": name}`.
+    Media stay undecoded here (`clef_vllm.media` decodes them while encoding). Raises `RequestError` with a
+    message that names the field at fault.
     """
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
     if "state" not in body:
         raise RequestError("state is required", field="state")
+    _refuse_box_questions(body.get("questions"))
     try:
         wire = SystemOneRequestBody.model_validate(body)
     except ValidationError as exc:
@@ -127,14 +170,102 @@ def parse_request(body: object, limits: Limits = DEFAULT_LIMITS) -> ClefRequest:
             f"too many questions: {len(wire.questions)} (at most {limits.max_questions})", field="questions"
         )
     questions = tuple(_question(qid, q, limits) for qid, q in wire.questions.items())
+    parts = parts or {}
+    images = [_media(value, f"images[{i}]", parts) for i, value in enumerate(wire.images or ())]
+    images += _assets(wire.assets or {}, wire.state, questions, parts)
+    videos = [_video(value, f"videos[{i}]", parts) for i, value in enumerate(wire.videos or ())]
+    _check_media_count(len(images), limits.max_images, "images", "--limit-images")
+    _check_media_count(len(videos), limits.max_videos, "videos", "--limit-videos")
     return ClefRequest(
         model=wire.model,
         state=wire.state,
         questions=questions,
-        images=tuple(wire.images or ()),
-        videos=tuple(tuple(v) for v in wire.videos or ()),
+        images=tuple(images),
+        videos=tuple(videos),
         record_id=str(body.get("id", "unknown")),
     )
+
+
+def _refuse_box_questions(questions: object) -> None:
+    if not isinstance(questions, dict):
+        return
+    for qid, question in questions.items():
+        if isinstance(question, dict) and question.get("type") == "box":
+            raise RequestError(
+                f'question "{qid}": type box (an image region) is not supported: the Clef head has no region output',
+                f"questions.{qid}.type",
+            )
+
+
+def _check_media_count(count: int, maximum: int, field: str, flag: str) -> None:
+    if count and maximum == 0:
+        raise RequestError(f"{field} are switched off on this server ({flag} 0)", field)
+    if count > maximum:
+        scope = "per request, assets included" if field == "images" else "per request"
+        raise RequestError(f"too many {field}: {count} (at most {maximum} {scope})", field)
+
+
+def _media(value: object, where: str, parts: Mapping[str, bytes]) -> MediaData:
+    """One image, video file or frame in any of its wire forms."""
+    if isinstance(value, str):
+        return MediaData(where, value)
+    if not isinstance(value, dict):
+        raise RequestError(f"{where} must be a base64 string, a data: URL or an object with data_base64", where)
+    try:
+        item = MediaObject.model_validate(value)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        inner = ".".join(str(part) for part in error["loc"]) or "value"
+        raise RequestError(f"{where}.{inner}: {error['msg']}", where) from None
+    sources = {
+        name: source
+        for name, source in (
+            ("data", item.data),
+            ("base64", item.base64_data),
+            ("data_base64", item.data_base64),
+            ("part", item.part),
+        )
+        if source is not None
+    }
+    if len(sources) != 1:
+        raise RequestError(f"{where} needs exactly one of data, base64, data_base64 or part", where)
+    media_type = item.media_type or item.content_type or item.format
+    ((name, source),) = sources.items()
+    if name != "part":
+        return MediaData(where, source, media_type)
+    if source not in parts:
+        raise RequestError(f'{where} names part "{source[:60]}", which the multipart request does not have', where)
+    return MediaData(where, parts[source], media_type)
+
+
+def _video(value: object, where: str, parts: Mapping[str, bytes]) -> VideoData:
+    if isinstance(value, list):
+        return tuple(_media(frame, f"{where}[{j}]", parts) for j, frame in enumerate(value))
+    return _media(value, where, parts)
+
+
+def _assets(
+    assets: dict[str, Any], state: Any, questions: tuple[Question, ...], parts: Mapping[str, bytes]
+) -> list[MediaData]:
+    """Assets as images, in the order their placeholders first appear in the prompt's text; the release has a
+    single place for media (before the state), so the placeholders themselves stay in the text as written.
+    Assets that no string references come after the referenced ones, in the order given."""
+    if not assets:
+        return []
+    from clef_vllm.encoding import render  # the text the model reads decides "first"
+
+    texts = [render(state)]
+    for question in questions:
+        texts.append(render(question.instructions) if question.instructions is not None else "")
+        texts.extend(render(option.description) for option in question.options if option.description is not None)
+    prompt = "\n".join(texts)
+
+    def first_reference(name: str) -> tuple[int, int]:
+        position = prompt.find(name) if name else -1
+        return (0, position) if position >= 0 else (1, list(assets).index(name))
+
+    order = sorted(assets, key=first_reference)
+    return [_media(assets[name], f"assets.{name}", parts) for name in order]
 
 
 def _question(qid: str, body: QuestionBody, limits: Limits) -> Question:

@@ -3,14 +3,18 @@
 vLLM parses the request into its question objects and maps the answers; this strategy turns those
 questions back into a SystemOne request, encodes it with the Flash release's encoding (`clef_vllm.encoding`:
 default max length 16,384, media placeholders together then one newline) and reads every option's
-probability in one pooling request. vLLM's parser turns non-string instructions and descriptions into
-Python strings before we see them and caps choices at 26 options and scores at 10 levels; `clef-systemone`
-has neither limitation.
+probability in one pooling request. Images and videos come as data URLs (or plain base64), decoded and
+sampled by `clef_vllm.media` as in `clef-systemone`; they are taken unless the server runs with
+`--language-model-only`. vLLM's parser turns non-string instructions and descriptions into Python strings
+before we see them and caps choices at 26 options and scores at 10 levels; `clef-systemone` has neither
+limitation.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from vllm.entrypoints.generate.structured_decisions.question_types import Question, StructuredDecisionError
@@ -23,13 +27,16 @@ from vllm.entrypoints.generate.structured_decisions.strategies import (
 from vllm.inputs import tokens_input
 from vllm.pooling_params import PoolingParams
 
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, encode_request, render
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request, render
+from clef_vllm.engine import engine_prompt, load_processor
 from clef_vllm.errors import RequestError
 from clef_vllm.pooling_contract import SCHEMA_KEY, pooling_schema
-from clef_vllm.request import MAX_QUESTIONS, ClefRequest, parse_request
+from clef_vllm.request import DEFAULT_LIMITS, MAX_QUESTIONS, ClefRequest, Limits, parse_request
 
 
-def _systemone_body(questions: list[Question], state: str) -> dict[str, Any]:
+def _systemone_body(
+    questions: list[Question], state: str, media: Mapping[str, Sequence[str]] | None = None
+) -> dict[str, Any]:
     """The SystemOne request equivalent to vLLM's parsed questions."""
     body: dict[str, Any] = {}
     for q in questions:
@@ -42,7 +49,11 @@ def _systemone_body(questions: list[Question], state: str) -> dict[str, Any]:
         else:
             criteria = [o.name for o in q.options]
         body[q.id] = {"type": kind, "instructions": q.instructions, "criteria": criteria}
-    return {"model": "", "state": state, "questions": body}
+    request: dict[str, Any] = {"model": "", "state": state, "questions": body}
+    for modality, field in (("image", "images"), ("video", "videos")):
+        if (media or {}).get(modality):
+            request[field] = list(media[modality])
+    return request
 
 
 def _model_order_to_vllm_order(request: ClefRequest, probs: list[float]) -> list[list[float]]:
@@ -60,12 +71,15 @@ class ClefFlashStrategy(ReadStrategy):
     """One pooling read per request; the joint schema head scores every option of every question."""
 
     task = "token_classify"
-    modalities = frozenset()  # media support lands later; vLLM answers 400 for images and videos
+    modalities = frozenset({"image", "video"})
 
     def __init__(self, context: ReadContext) -> None:
         super().__init__(context)
+        model_config = context.engine_client.model_config
         self.tokenizer = context.online_renderer.renderer.get_tokenizer()
-        self.max_length = min(DEFAULT_MAX_LENGTH, context.engine_client.model_config.max_model_len)
+        self.max_length = min(DEFAULT_MAX_LENGTH, model_config.max_model_len)
+        self.request_limits = _server_limits(model_config)
+        self.processor = load_processor(model_config.model, self.request_limits)
 
     def limits(self) -> DecisionLimits:
         return DecisionLimits(max_questions=MAX_QUESTIONS, max_options=256)
@@ -93,14 +107,20 @@ class ClefFlashStrategy(ReadStrategy):
         if instructions:
             raise StructuredDecisionError("Clef reads a fixed prompt, so it takes no top-level instructions")
         try:
-            request = parse_request(_systemone_body(questions, state))
-            encoding = encode_request(request, self.tokenizer, max_length=self.max_length)
+            request = parse_request(_systemone_body(questions, state, media), self.request_limits)
+            encoding = encode_request(
+                request,
+                self.tokenizer,
+                processor=self.processor,
+                max_length=self.max_length,
+                media_limits=self.request_limits.media,
+            )
         except RequestError as exc:
             raise StructuredDecisionError(exc.message) from None
         params = PoolingParams(task="token_classify", extra_kwargs={SCHEMA_KEY: pooling_schema(encoding)})
         result = None
         async for update in self.context.engine_client.encode(
-            tokens_input(encoding.input_ids, cache_salt=cache_salt),
+            await self._engine_input(encoding, cache_salt),
             params,
             f"{request_id}-0",
             lora_request=lora_request,
@@ -110,6 +130,8 @@ class ClefFlashStrategy(ReadStrategy):
             result = update
         if result is None or result.error is not None:
             raise ValueError("the engine did not score the request")
+        if list(result.prompt_token_ids) != encoding.input_ids:
+            raise ValueError("the engine ran other token ids than the encoding; spans would be wrong")
         per_question = _model_order_to_vllm_order(request, result.outputs.data.tolist())
         return [
             QuestionRead(
@@ -121,3 +143,28 @@ class ClefFlashStrategy(ReadStrategy):
             )
             for index, probs in enumerate(per_question)
         ]
+
+    async def _engine_input(self, encoding: Encoding, cache_salt: str | None) -> Any:
+        if not encoding.multi_modal_data:
+            return tokens_input(encoding.input_ids, cache_salt=cache_salt)
+        # vLLM's own Qwen3.5 processor expands the placeholders (checked against our ids after the read)
+        prompt = engine_prompt(encoding)
+        if cache_salt is not None:
+            prompt["cache_salt"] = cache_salt
+        try:
+            return await self.context.online_renderer.renderer.process_for_engine_async(prompt, time.time())
+        except ValueError as exc:
+            raise StructuredDecisionError(f"media: {exc}") from None
+
+
+def _server_limits(model_config: Any) -> Limits:
+    """Media on unless the server runs `--language-model-only`; per-request counts from --limit-mm-per-prompt."""
+    mm_config = model_config.get_multimodal_config() if model_config.is_multimodal_model else None
+    if mm_config is None or getattr(mm_config, "language_model_only", False):
+        return replace(DEFAULT_LIMITS, max_images=0, max_videos=0)
+    counts = {modality: mm_config.get_limit_per_prompt(modality) for modality in ("image", "video")}
+    return replace(
+        DEFAULT_LIMITS,
+        max_images=min(DEFAULT_LIMITS.max_images, counts["image"]),
+        max_videos=min(DEFAULT_LIMITS.max_videos, counts["video"]),
+    )

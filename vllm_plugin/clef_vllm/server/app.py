@@ -24,6 +24,7 @@ from clef_vllm.server.backend import EngineBackend
 from clef_vllm.server.body import read_body
 from clef_vllm.server.error_shape import ApiError, install
 from clef_vllm.server.model_info import model_info
+from clef_vllm.server.multipart import is_multipart, read_multipart
 from clef_vllm.server.request_ids import RequestContext
 from clef_vllm.server.schemas import (
     ErrorBody,
@@ -128,9 +129,14 @@ def create_app(
         if not backend.ready:
             raise ApiError(503, "engine_starting", "the model is still loading")
         raw = await read_body(request, config.max_body_bytes)
-        body = await asyncio.to_thread(strict_json.loads, raw)
+        content_type = request.headers.get("content-type")
+        parts: dict[str, bytes] = {}
+        if is_multipart(content_type):
+            body, parts = await asyncio.to_thread(read_multipart, content_type, raw)
+        else:
+            body = await asyncio.to_thread(strict_json.loads, raw)
         del raw
-        work = asyncio.create_task(backend.score(body))
+        work = asyncio.create_task(backend.score(body, parts))
         watcher = _cancel_on_disconnect(request, work)
         try:
             scored = await work

@@ -9,8 +9,10 @@ engine (`finally`), so no work is left running for nobody.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +20,7 @@ import torch
 
 from clef_vllm.answers import response_from_logits
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
-from clef_vllm.engine import apply_cpu_defaults, engine_args, schedule_args
-from clef_vllm.errors import RequestError
+from clef_vllm.engine import apply_cpu_defaults, engine_args, engine_prompt, load_processor, schedule_args
 from clef_vllm.pooling_contract import SCHEMA_KEY, pooling_schema
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
 
@@ -63,6 +64,7 @@ class ServeConfig:
             self.model,
             max_model_len=self.max_model_len,
             batch_invariant=self.batch_invariant,
+            limits=self.limits,
             tensor_parallel_size=self.tensor_parallel_size,
             data_parallel_size=self.data_parallel_size,
             served_model_name=self.served_model_name,
@@ -120,6 +122,8 @@ class EngineBackend:
         config.check()
         self.config = config
         self.tokenizer = _LockedTokenizer(AutoTokenizer.from_pretrained(config.model))
+        self.processor = load_processor(config.model, config.limits)
+        self._processor_lock = threading.Lock()  # the processor's own tokenizer refuses concurrent use too
         self._ids = itertools.count()
         self.engine: Any = None
         self.ready = False
@@ -136,21 +140,27 @@ class EngineBackend:
     def dead(self) -> bool:
         return self.failed or (self.engine is not None and bool(self.engine.errored))
 
-    def prepare(self, body: Any) -> tuple[ClefRequest, Encoding]:
-        request = parse_request(body, self.config.limits)
-        if request.has_media:
-            raise RequestError("images and videos are not supported by this server yet", "images")
-        encoding = encode_request(request, self.tokenizer, max_length=self.config.max_model_len)
+    def prepare(self, body: Any, parts: Mapping[str, bytes] | None = None) -> tuple[ClefRequest, Encoding]:
+        """`parts`: the file parts of a multipart request, which media objects name as `{"part": name}`."""
+        request = parse_request(body, self.config.limits, parts)
+        with self._processor_lock if request.has_media else contextlib.nullcontext():
+            encoding = encode_request(
+                request,
+                self.tokenizer,
+                processor=self.processor,
+                max_length=self.config.max_model_len,
+                media_limits=self.config.limits.media,
+            )
         return request, encoding
 
-    async def score(self, body: Any) -> Scored:
-        request, encoding = await asyncio.to_thread(self.prepare, body)
+    async def score(self, body: Any, parts: Mapping[str, bytes] | None = None) -> Scored:
+        request, encoding = await asyncio.to_thread(self.prepare, body, parts)
         logits = await self._logits(encoding)
         response = response_from_logits(request, logits, encoding.num_tokens)
         return Scored(response, truncation_headers(encoding))
 
     async def _logits(self, encoding: Encoding) -> torch.Tensor:
-        from vllm import PoolingParams, TokensPrompt
+        from vllm import PoolingParams
 
         request_id = f"clef-{next(self._ids)}"
         params = PoolingParams(
@@ -159,9 +169,7 @@ class EngineBackend:
         finished = False
         output = None
         try:
-            async for update in self.engine.encode(
-                TokensPrompt(prompt_token_ids=encoding.input_ids), params, request_id
-            ):
+            async for update in self.engine.encode(engine_prompt(encoding), params, request_id):
                 output = update
             finished = True
         finally:
@@ -169,6 +177,8 @@ class EngineBackend:
                 await self.engine.abort(request_id)
         if output is None:
             raise RuntimeError("the engine returned no output")
+        if list(output.prompt_token_ids) != encoding.input_ids:
+            raise RuntimeError("the engine ran other token ids than the encoding; spans would be wrong")
         return output.outputs.data.float().cpu()
 
     async def warm_up(self) -> None:

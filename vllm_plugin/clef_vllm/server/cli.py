@@ -6,8 +6,11 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import replace
 
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH
+from clef_vllm.media import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_VIDEO_FRAMES
+from clef_vllm.request import DEFAULT_LIMITS, MAX_IMAGES, MAX_VIDEOS, Limits
 from clef_vllm.server.connections import ConnectionLimits
 
 API_KEY_ENV = "CLEF_SYSTEMONE_API_KEY"
@@ -71,7 +74,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tokens per engine step (default --max-model-len; lower values need --no-batch-invariant)",
     )
     parser.add_argument("--enforce-eager", action="store_true", help="skip graph capture and compilation")
-    return parser.parse_args(argv)
+    media = parser.add_argument_group("images and videos")
+    media.add_argument(
+        "--limit-images", type=int, default=MAX_IMAGES, help="images per request, assets included; 0 refuses images"
+    )
+    media.add_argument("--limit-videos", type=int, default=MAX_VIDEOS, help="videos per request; 0 refuses videos")
+    media.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        help="pixels per image or video frame, checked before decoding",
+    )
+    media.add_argument(
+        "--max-video-frames", type=int, default=DEFAULT_MAX_VIDEO_FRAMES, help="frames per video after sampling"
+    )
+    media.add_argument(
+        "--language-model-only",
+        action="store_true",
+        help="text only: refuse images and videos and do not load the vision tower",
+    )
+    args = parser.parse_args(argv)
+    for name in ("limit_images", "limit_videos", "max_image_pixels", "max_video_frames"):
+        if getattr(args, name) < (0 if name.startswith("limit") else 1):
+            parser.error(f"--{name.replace('_', '-')} must be {'>= 0' if name.startswith('limit') else '>= 1'}")
+    return args
+
+
+def limits_from_args(args: argparse.Namespace) -> Limits:
+    media = replace(
+        DEFAULT_LIMITS.media, max_image_pixels=args.max_image_pixels, max_video_frames=args.max_video_frames
+    )
+    if args.language_model_only:
+        return replace(DEFAULT_LIMITS, max_images=0, max_videos=0, media=media)
+    return replace(DEFAULT_LIMITS, max_images=args.limit_images, max_videos=args.limit_videos, media=media)
 
 
 # Exit status when the engine dies or fails to start, so that a supervisor restarts the server.
@@ -100,6 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         batch_invariant=args.batch_invariant,
+        limits=limits_from_args(args),
         extra_engine_args={"enforce_eager": True} if args.enforce_eager else {},
     )
     if not os.path.isdir(config.model) and config.model.count("/") != 1:

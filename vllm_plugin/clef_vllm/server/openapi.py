@@ -23,7 +23,19 @@ def request_body() -> dict[str, Any]:
         "requestBody": {
             "required": True,
             "description": "JSON; Content-Encoding zstd, gzip or deflate accepted (the cap applies after decoding)",
-            "content": {"application/json": {"schema": ref}},
+            "content": {
+                "application/json": {"schema": ref},
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["request"],
+                        "properties": {"request": ref},
+                        "additionalProperties": {"type": "string", "format": "binary"},
+                        "description": "The JSON in part `request`; media objects name file parts as {part: NAME}",
+                    },
+                    "encoding": {"request": {"contentType": "application/json"}},
+                },
+            },
         }
     }
 
@@ -35,6 +47,12 @@ def request_schemas(limits: Limits) -> dict[str, Any]:
     }
     option_id = {"type": "string", "minLength": 1, "maxLength": limits.max_id_length}
     instructions = {**any_json, "description": "Any JSON; the question id when missing or empty"}
+    media = {
+        "oneOf": [
+            {"type": "string", "description": "base64 or a data URL"},
+            {"type": "object", "description": "{data_base64 | data | base64, format | media_type | content_type}"},
+        ]
+    }
     return {
         "NoulQuestion": {
             "type": "object",
@@ -82,7 +100,7 @@ def request_schemas(limits: Limits) -> dict[str, Any]:
         },
         REQUEST_SCHEMA: {
             "type": "object",
-            "description": "The SystemOne request (Jev / SystemOne). Images and videos are refused (400) for now.",
+            "description": "The SystemOne request (Jev / SystemOne)",
             "required": ["state", "questions"],
             "properties": {
                 "model": {"type": "string", "description": "Echoed in the response; the served name when absent"},
@@ -101,11 +119,22 @@ def request_schemas(limits: Limits) -> dict[str, Any]:
                         ]
                     },
                 },
-                "images": {"type": "array", "items": {"type": "string"}, "description": "Not supported yet (400)"},
+                "images": {
+                    "type": "array",
+                    "maxItems": limits.max_images,
+                    "items": media,
+                    "description": "Base64 strings, data URLs or objects {data_base64, format}; PNG, JPEG, WebP, GIF",
+                },
                 "videos": {
                     "type": "array",
-                    "items": {"type": "array", "items": {"type": "string"}},
-                    "description": "Not supported yet (400)",
+                    "maxItems": limits.max_videos,
+                    "items": {"oneOf": [media, {"type": "array", "items": media, "minItems": 1}]},
+                    "description": "Each a video file (MP4, WebM, MOV) sampled at 2 fps, or a list of frames",
+                },
+                "assets": {
+                    "type": "object",
+                    "additionalProperties": media,
+                    "description": "Placeholder -> image, referenced by the placeholder inside strings",
                 },
             },
         },
