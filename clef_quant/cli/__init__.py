@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from clef_quant.cli import bench, encode, evaluate, quantize, release, score, tiny
+from clef_quant.cli import bench, encode, evaluate, quantize, release, scan, score, tiny
 
 app = typer.Typer(
     name="clef-quant",
@@ -18,6 +18,7 @@ app.command("score")(score.score)
 app.command("make-tiny")(tiny.make_tiny)
 app.command("quantize")(quantize.quantize)
 app.command("inspect")(quantize.inspect_checkpoint)
+app.command("scan")(scan.scan)
 app.command("build-data")(evaluate.build_data)
 app.command("eval")(evaluate.evaluate)
 app.command("card")(release.card)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -226,5 +227,87 @@ def throughput(
     for row in result.rows:
         ratio = row.records_per_s / result.rows[0].records_per_s
         table.add_row(row.side, f"{row.records_per_s:.2f}", f"{row.tokens_per_s:.0f}", f"{ratio:.2f}x")
+    Console().print(table)
+    typer.echo(f"wrote {out}")
+
+
+@app.command("quantize")
+@user_errors
+def quantize(
+    model: Annotated[Path, typer.Option(help="The bf16 release folder (e.g. `clef-quant make-tiny DIR`).")],
+    work: Annotated[Path, typer.Option(help="Scratch folder for the quantized folders (kept for inspection).")],
+    scheme: Annotated[
+        list[str] | None,
+        typer.Option(help="Scheme to run, repeatable; default every scheme in recipes/ (and auto with --scan)."),
+    ] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="A DATA folder (build-data): adds KL, agreement and max |dp| via eval.")
+    ] = None,
+    scan: Annotated[
+        Path | None, typer.Option(help="scan.json of this model: adds `auto` at the size of nvfp4-hybrid.")
+    ] = None,
+    calibration_records: Annotated[int, typer.Option(min=1, help="Calibration records for every scheme.")] = 16,
+    max_seq_len: Annotated[int, typer.Option(min=16, help="Calibration length in tokens.")] = 2048,
+    max_model_len: Annotated[int, typer.Option(min=256, help="Prompt length limit for evaluation.")] = 4096,
+    out: Annotated[Path, typer.Option(help="Report path.")] = Path("bench/results/quality-cpu.md"),
+) -> None:
+    """Quantize one model with every scheme in one run: time, calibration cost, size and, with --data, the head's
+    KL, top-1 agreement and max |dp| against bf16 through the plugin.
+
+    Example: clef-quant bench quantize --model artifacts/tiny --work artifacts/bench-q --data artifacts/data \\
+        --scan artifacts/scan/scan.json
+    """
+    import json
+    import shlex
+    import sys
+    from dataclasses import asdict
+
+    from clef_quant.bench.quality import render_markdown, run_quality_bench
+    from clef_quant.cli.quantize import QUIET_ENV
+    from clef_quant.quantize.recipes import SCHEMES
+
+    known = (*SCHEMES, "auto")
+    schemes = list(scheme or [*SCHEMES, *(["auto"] if scan is not None else [])])
+    bad = [s for s in schemes if s not in known]
+    if bad:
+        raise fail(f"unknown scheme(s) {', '.join(bad)}; choose from {', '.join(known)}")
+    if "auto" in schemes and scan is None:
+        raise fail("auto needs --scan", hint=f"clef-quant scan {model} --out SCAN_DIR")
+    if not (model / "config.json").is_file():
+        raise fail(f"{model} is not a release folder", hint=f"clef-quant make-tiny {model}")
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    console = Console(stderr=True)
+    with console.status("benchmarking") as status:
+        result = run_quality_bench(
+            model,
+            schemes,
+            work=work,
+            data=data,
+            scan=scan,
+            calibration_records=calibration_records,
+            max_seq_len=max_seq_len,
+            max_model_len=max_model_len,
+            on_stage=lambda message: status.update(message),
+        )
+    command = shlex.join(["clef-quant", *sys.argv[1:]])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_markdown(result, command), encoding="utf-8")
+    out.with_suffix(".json").write_text(json.dumps(asdict(result), indent=2, default=str) + "\n", encoding="utf-8")
+    table = Table(title=f"schemes on {model}")
+    for column in ("scheme", "KL", "agreement", "max |dp|", "MB", "quantize s", "calibration s"):
+        table.add_column(column, justify="left" if column == "scheme" else "right")
+    for row in result.rows:
+        q = row.quality
+        table.add_row(
+            row.scheme,
+            f"{q['kl']:.2e}" if q.get("kl") is not None else "—",
+            f"{q['agreement']:.1%}" if q.get("agreement") is not None else "—",
+            f"{q['max_dp']:.3f}" if q.get("max_dp") is not None else "—",
+            f"{row.backbone_bytes / 1e6:.3f}",
+            f"{row.seconds:.1f}",
+            f"{row.calibration_seconds:.1f}",
+        )
     Console().print(table)
     typer.echo(f"wrote {out}")

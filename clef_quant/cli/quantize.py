@@ -22,7 +22,7 @@ from clef_quant.cli._progress import RichProgress
 from clef_quant.quantize.recipes import SCHEMES
 from clef_vllm.errors import ClefError
 
-SCHEME_NAMES = tuple(SCHEMES)
+SCHEME_NAMES = (*SCHEMES, "auto")
 # What the underlying tools print (loguru INFO lines, tqdm bars, warnings) is hidden unless --verbose;
 # llm-compressor reads its log level when first imported, which happens inside the run.
 QUIET_ENV = {"LLM_COMPRESSOR_LOG_LEVEL": "ERROR"}
@@ -33,7 +33,11 @@ def quantize(
     source: Annotated[str, typer.Argument(help="Release folder, or a Hub id (ORG/NAME) when the Hub is reachable.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (written as OUT.partial, then renamed).")],
     scheme: Annotated[
-        str | None, typer.Option(help=f"One of {', '.join(SCHEME_NAMES)}; the recipe in recipes/.")
+        str | None,
+        typer.Option(
+            help=f"One of {', '.join(SCHEME_NAMES)}; the recipe in recipes/. auto: a per-layer mix of NVFP4, FP8 "
+            "and bf16 chosen from --scan under --max-kl or --max-size-gb."
+        ),
     ] = None,
     recipe: Annotated[
         Path | None, typer.Option(help="An llm-compressor recipe YAML to use instead of the scheme's.")
@@ -59,6 +63,15 @@ def quantize(
     ] = None,
     revision: RevisionOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llm-compressor's own logs.")] = False,
+    scan: Annotated[
+        Path | None, typer.Option(help="--scheme auto: the scan.json of `clef-quant scan` on this source.")
+    ] = None,
+    max_kl: Annotated[
+        float | None, typer.Option(help="--scheme auto: most predicted KL (sum of the chosen units' scan KLs).")
+    ] = None,
+    max_size_gb: Annotated[
+        float | None, typer.Option(help="--scheme auto: largest backbone size in GB (10^9 bytes); least KL within.")
+    ] = None,
 ) -> None:
     """Quantize a Clef release: compressed backbone, head and tokenizer unchanged, manifest with hashes.
 
@@ -69,11 +82,18 @@ def quantize(
     Examples:
       clef-quant quantize artifacts/tiny --scheme nvfp4 --calibration-records 16 --out artifacts/tiny-NVFP4
       clef-quant quantize Cloudflare/clef-flash --scheme nvfp4 --calibration calib.jsonl --device cuda -o flash-NVFP4
+      clef-quant quantize artifacts/tiny --scheme auto --scan artifacts/scan/scan.json --max-kl 0.01 -o tiny-AUTO
     """
     if scheme is None and recipe is None:
         raise fail("give --scheme or --recipe", hint=f"--scheme is one of {', '.join(SCHEME_NAMES)}")
     if scheme is not None and scheme not in SCHEME_NAMES:
         raise fail(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEME_NAMES)}")
+    if scheme == "auto" and scan is None:
+        raise fail("--scheme auto needs --scan SCAN.json", hint="clef-quant scan SOURCE --out DIR makes one")
+    if scheme == "auto" and (max_kl is None) == (max_size_gb is None):
+        raise fail("--scheme auto needs exactly one of --max-kl and --max-size-gb")
+    if scheme != "auto" and (scan is not None or max_kl is not None or max_size_gb is not None):
+        raise fail("--scan, --max-kl and --max-size-gb go with --scheme auto")
     if device != "cpu" and device != "cuda" and not device.startswith("cuda:"):
         raise fail(f"--device must be cpu or cuda, not {device}")
     if not verbose:
@@ -96,6 +116,9 @@ def quantize(
         overwrite=overwrite,
         revision=revision,
         include=tuple(include or ()),
+        scan_file=scan,
+        max_kl=max_kl,
+        max_size_gb=max_size_gb,
     )
     console = Console(file=sys.stderr)  # bound now: the real stderr, not the capture below
     try:

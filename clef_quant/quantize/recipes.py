@@ -25,6 +25,11 @@ SCHEMES: dict[str, str] = {
     "nvfp4": "nvfp4.yaml",
     "nvfp4-hybrid": "nvfp4_hybrid.yaml",
     "nvfp4a16": "nvfp4a16.yaml",
+    "nvfp4-gptq": "nvfp4_gptq.yaml",
+    "nvfp4-awq": "nvfp4_awq.yaml",
+    "nvfp4-mse": "nvfp4_mse.yaml",
+    "fp8-block": "fp8_block.yaml",
+    "w4a16": "w4a16.yaml",
 }
 CUSTOM_SCHEME = "custom"
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from clef_quant.quantize import progress as tasks
 from clef_quant.quantize import writer
+from clef_quant.quantize.auto import AUTO_SCHEME, load_auto_recipe
 from clef_quant.quantize.calibration import (
     DEFAULT_MAX_SEQ_LEN,
     CalibrationSummary,
@@ -45,6 +46,7 @@ from clef_quant.quantize.contents import (
     plan_contents,
     strip_remote_code_keys,
 )
+from clef_quant.quantize.cpu_compat import no_pinned_memory_without_accelerator
 from clef_quant.quantize.errors import Interrupted, QuantizeError
 from clef_quant.quantize.fused_scales import fused_global_scales
 from clef_quant.quantize.manifest import build_manifest, folder_files, write_manifest
@@ -76,6 +78,10 @@ class QuantizeConfig:
     overwrite: bool = False
     revision: str | None = None
     include: tuple[str, ...] = ()  # fnmatch patterns of source files (or FILE:auto_map) to carry on purpose
+    # --scheme auto: the scan to choose from and exactly one target (see quantize/auto.py)
+    scan_file: Path | None = None
+    max_kl: float | None = None
+    max_size_gb: float | None = None
 
 
 @dataclass
@@ -190,6 +196,8 @@ def _run(job: _Job) -> QuantizeResult:
     with _timed(timings, "save"):
         progress.start(tasks.SAVING)
         model.save_pretrained(str(partial), save_compressed=True)
+        if recipe.scheme == AUTO_SCHEME:  # keep the per-layer comments saying why each unit got its scheme
+            (partial / "recipe.yaml").write_text(recipe.text, encoding="utf-8")
         progress.finish(tasks.SAVING)
     del model
     job.on_stage("saved")
@@ -256,7 +264,14 @@ def _check_inputs(config: QuantizeConfig) -> tuple[Path, dict[str, Any], Recipe,
         raise QuantizeError(f"{source_dir / 'config.json'} is not valid JSON: {exc.msg}") from None
     if source_config.get("quantization_config"):
         raise QuantizeError(f"{source_dir} is already quantized; quantize the bf16 release")
-    recipe = load_recipe(config.scheme, config.recipe_file, source_config)
+    if config.scheme == AUTO_SCHEME:
+        if config.scan_file is None:
+            raise QuantizeError("--scheme auto needs --scan SCAN.json (from clef-quant scan)")
+        recipe = load_auto_recipe(
+            config.scan_file, source_dir, source_config, max_kl=config.max_kl, max_size_gb=config.max_size_gb
+        )
+    else:
+        recipe = load_recipe(config.scheme, config.recipe_file, source_config)
     head_dir = find_head_dir(source_dir)
     if config.calibration_file is not None:
         read_request_bodies(Path(config.calibration_file))  # a broken file fails now, not after loading
@@ -357,7 +372,7 @@ def _oneshot(
         # A DataLoader of token ids skips llm-compressor's tokenization; it still wants the processor.
         kwargs.update(dataset=dataloader, processor=tokenizer)
     try:
-        with fused_global_scales():
+        with fused_global_scales(), no_pinned_memory_without_accelerator():
             oneshot(model=model, recipe=recipe_obj, **kwargs)
     finally:
         for handle in handles:

