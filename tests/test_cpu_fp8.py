@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("vllm")
-
-from clef_vllm.cpu_fp8 import UpcastFP8ScaledMMLinearKernel, fp8_scaled_mm, register  # noqa: E402
+from clef_vllm.cpu_fp8 import UpcastFP8ScaledMMLinearKernel, fp8_scaled_mm, register
 
 
 def _operands(m: int, k: int, n: int, seed: int = 0):
