@@ -34,7 +34,8 @@ NEW_SCHEMES = {
     "fp8-block": "FP8_BLOCK",
     "w4a16": "W4A16",
 }
-FOUR_BIT = ("nvfp4", "nvfp4-gptq", "nvfp4-awq", "nvfp4-mse", "nvfp4a16", "w4a16")
+# Weight-only NVFP4 (nvfp4a16) is left out: vLLM forces its Marlin kernel for it, which needs CUDA.
+FOUR_BIT = ("nvfp4", "nvfp4-gptq", "nvfp4-awq", "nvfp4-mse", "w4a16")
 TINY_LAYERS = 4
 
 
@@ -175,7 +176,9 @@ def test_better_rounding_beats_round_to_nearest_and_fp8_beats_every_4_bit_scheme
     }
     assert kl["nvfp4-gptq"] < kl["nvfp4"], kl
     assert kl["nvfp4-mse"] < kl["nvfp4"], kl
-    assert kl[AUTO_SCHEME] < kl["nvfp4-hybrid"], kl
+    # The tiny checkpoint has so few units that the greedy choice at the hybrid's size can be the hybrid itself
+    # (measured: equal KL); bench/results/quality-cpu.md shows auto against the hybrid on the small checkpoint.
+    assert kl[AUTO_SCHEME] <= kl["nvfp4-hybrid"], kl
     for fp8 in ("fp8-dynamic", "fp8-block"):
         assert kl[fp8] < min(kl[s] for s in FOUR_BIT), kl
 

@@ -84,11 +84,17 @@ def every_type(rng: random.Random) -> dict[str, Any]:
 
 
 def long_state(rng: random.Random, tokenizer: Any, tokens: int) -> str:
-    """Words whose tokenization is about `tokens` long."""
-    words: list[str] = []
-    while len(tokenizer(" ".join(words), add_special_tokens=False)["input_ids"]) < tokens:
-        words.extend(rng.choice(WORDS) for _ in range(max(64, (tokens - len(words)) // 2)))
-    return " ".join(words)
+    """The fewest words whose tokenization is at least `tokens` long (each word is at least one token)."""
+    words = [rng.choice(WORDS) for _ in range(tokens)]
+
+    def length(count: int) -> int:
+        return len(tokenizer(" ".join(words[:count]), add_special_tokens=False)["input_ids"])
+
+    low, high = 1, len(words)
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if length(middle) < tokens else (low, middle)
+    return " ".join(words[:low])
 
 
 def load_requests(tokenizer: Any) -> list[dict[str, Any]]:
@@ -96,7 +102,7 @@ def load_requests(tokenizer: Any) -> list[dict[str, Any]]:
     the limit: just under it, a few tokens over, thousands over, and far beyond (an estimated count)."""
     rng = random.Random(24)
     bodies = varied_requests(20, seed=24)
-    for index, tokens in enumerate((MAX_LEN - 400, MAX_LEN + 50, MAX_LEN + 3000, 4 * MAX_LEN)):
+    for index, tokens in enumerate((MAX_LEN - 500, MAX_LEN + 50, MAX_LEN + 3000, 4 * MAX_LEN)):
         state = long_state(rng, tokenizer, tokens)
         bodies.append({"model": "clef", "id": f"long{index}", "state": state, "questions": every_type(rng)})
     return bodies

@@ -171,7 +171,7 @@ def test_an_unexpected_error_is_a_json_500_without_internals(tmp_path, caplog):
         config = ServeConfig(model=str(tmp_path))
         ready, dead = True, False
 
-        async def score(self, body):
+        async def score(self, body, parts=None):
             raise RuntimeError("secret internal detail")
 
         def shutdown(self):

@@ -82,3 +82,21 @@ def test_bf16_plugin_agrees_with_transformers_on_media_requests(tiny_dir, clef_e
     # the images reach the model: without them, answers move
     text_only = engine.score([{k: v for k, v in body.items() if k != "images"} for body in bodies[:8]])
     assert agreement(responses[:8], text_only)[1] > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["fp8-dynamic", "nvfp4"])
+def test_quantized_folders_answer_media_requests(quantized_dir, clef_engine, bodies, reference_media_scores, scheme):
+    """The vision tower stays bf16 in quantized folders; the language model runs through the FP8 / NVFP4 kernels.
+    Bounds as for text requests through the same folders (test_vllm_plugin: random tiny weights amplify the
+    quantization error, so they say the folder answers like its source, not how good the scheme is)."""
+    from test_vllm_plugin import QUANTIZED_MIN_TOP1
+
+    engine = clef_engine(quantized_dir(scheme), max_num_batched_tokens=4096)
+    responses = engine.score(bodies)
+    for ref, cand in zip(reference_media_scores, responses, strict=True):
+        assert cand["usage"] == ref["usage"]
+        assert list(cand["answers"]) == list(ref["answers"])
+    top1, max_dp = agreement(reference_media_scores, responses)
+    print(f"{scheme} plugin vs transformers bf16, media requests: top-1 agreement {top1:.3f}, max |dp| {max_dp:.4f}")
+    assert top1 >= QUANTIZED_MIN_TOP1[scheme]

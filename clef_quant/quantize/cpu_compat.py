@@ -28,3 +28,23 @@ def no_pinned_memory_without_accelerator() -> Iterator[bool]:
         yield True
     finally:
         IntermediatesCache._pin_intermediate = original  # type: ignore[assignment]
+
+
+@contextmanager
+def one_rank_is_not_distributed() -> Iterator[bool]:
+    """Run llm-compressor single-process when this process holds a one-rank process group; yields whether it did.
+
+    A process that started an in-process vLLM engine (as the Python API and the tests do) has initialized
+    torch.distributed with one rank. llm-compressor then takes its distributed paths, and AWQ's all-reduce looks
+    for an accelerator to reduce on, failing on a CPU-only machine. With one rank there is nothing to reduce, so
+    the single-process path computes the same numbers. Runs under torchrun (several ranks) are left as they are.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() == 1):
+        yield False
+        return
+    from compressed_tensors.offload.utils import as_single_threaded
+
+    with as_single_threaded():
+        yield True

@@ -46,7 +46,7 @@ from clef_quant.quantize.contents import (
     plan_contents,
     strip_remote_code_keys,
 )
-from clef_quant.quantize.cpu_compat import no_pinned_memory_without_accelerator
+from clef_quant.quantize.cpu_compat import no_pinned_memory_without_accelerator, one_rank_is_not_distributed
 from clef_quant.quantize.errors import Interrupted, QuantizeError
 from clef_quant.quantize.fused_scales import fused_global_scales
 from clef_quant.quantize.manifest import build_manifest, folder_files, write_manifest
@@ -372,7 +372,7 @@ def _oneshot(
         # A DataLoader of token ids skips llm-compressor's tokenization; it still wants the processor.
         kwargs.update(dataset=dataloader, processor=tokenizer)
     try:
-        with fused_global_scales(), no_pinned_memory_without_accelerator():
+        with fused_global_scales(), no_pinned_memory_without_accelerator(), one_rank_is_not_distributed():
             oneshot(model=model, recipe=recipe_obj, **kwargs)
     finally:
         for handle in handles:

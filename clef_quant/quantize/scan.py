@@ -387,7 +387,7 @@ def _calibrate(model: Any, source_config: dict[str, Any], scheme: str, dataloade
     """The same oneshot `clef-quant quantize --scheme SCHEME` runs, on the in-memory model."""
     from llmcompressor import oneshot
 
-    from clef_quant.quantize.cpu_compat import no_pinned_memory_without_accelerator
+    from clef_quant.quantize.cpu_compat import no_pinned_memory_without_accelerator, one_rank_is_not_distributed
     from clef_quant.quantize.fused_scales import fused_global_scales
     from clef_quant.quantize.plan import parse_recipe, plan_quantization, recipe_needs_calibration
 
@@ -397,7 +397,7 @@ def _calibrate(model: Any, source_config: dict[str, Any], scheme: str, dataloade
     kwargs: dict[str, Any] = {"sequential_targets": [type(layers[0]).__name__]}
     if recipe_needs_calibration(recipe):
         kwargs.update(dataset=dataloader, processor=tokenizer)
-    with fused_global_scales(), no_pinned_memory_without_accelerator():
+    with fused_global_scales(), no_pinned_memory_without_accelerator(), one_rank_is_not_distributed():
         oneshot(model=model, recipe=recipe, **kwargs)
 
 
