@@ -25,8 +25,10 @@ import torch
 
 from clef_quant.bench.environment import load_average, machine_name
 from clef_quant.head_loop import loop_logits
-from clef_vllm.head import HeadConfig, JointSchemaHead, RecordSchema
+from clef_vllm.head import JointSchemaHead
+from clef_vllm.head_files import HeadConfig
 from clef_vllm.head_graphs import GraphedHead
+from clef_vllm.schema import RecordSchema
 
 FLASH_HEAD = HeadConfig(hidden_size=4096, width=1024, routing_layers=2, layers=4, heads=16, feedforward=4096)
 RECORD_TOKENS = 3000
