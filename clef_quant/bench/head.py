@@ -7,7 +7,8 @@ the profiler also counts the device time of the fast path's kernels, the floor i
 a pooler step is mimicked: 8 records, one head call each, one synchronization at the end.
 
 `run_head_bench` returns the numbers and `render_markdown` the report; `clef-quant bench head` renders both.
-`python -m clef_quant.bench.head` does the same with only torch installed (for bare GPU machines).
+`python -m clef_quant.bench.head` does the same with only torch, safetensors and pydantic installed (for bare GPU
+machines).
 """
 
 from __future__ import annotations
