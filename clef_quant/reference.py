@@ -16,7 +16,7 @@ import torch
 
 from clef_vllm.answers import response_from_logits
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
-from clef_vllm.head import find_head_dir, load_head
+from clef_vllm.head_files import find_head_dir, load_head
 from clef_vllm.request import ClefRequest
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}

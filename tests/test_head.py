@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from typing import get_args
 
 import pytest
 import torch
@@ -12,17 +13,17 @@ from safetensors.torch import load_file, save_file
 
 from clef_quant.head_loop import loop_logits
 from clef_vllm.errors import CheckpointError
-from clef_vllm.head import (
+from clef_vllm.head import JointSchemaHead
+from clef_vllm.head_files import (
     HEAD_CONFIG,
     HEAD_SUBDIR,
     HEAD_WEIGHTS,
     HeadConfig,
-    JointSchemaHead,
-    RecordSchema,
     find_head_dir,
     load_head,
     save_head,
 )
+from clef_vllm.schema import QuestionType, QuestionTypeName, RecordSchema
 
 CONFIG = HeadConfig(hidden_size=32, width=16, routing_layers=2, layers=2, heads=4, feedforward=24)
 VOCAB = 64
@@ -85,7 +86,7 @@ def embeddings() -> torch.Tensor:
 
 
 def test_config_roundtrip() -> None:
-    assert HeadConfig.from_dict(CONFIG.to_dict()) == CONFIG
+    assert HeadConfig.from_dict(CONFIG.model_dump()) == CONFIG
 
 
 @pytest.mark.parametrize(
@@ -100,7 +101,7 @@ def test_config_roundtrip() -> None:
     ],
 )
 def test_config_errors_name_every_key(change: dict, named: list[str]) -> None:
-    data = {**CONFIG.to_dict(), **change}
+    data = {**CONFIG.model_dump(), **change}
     data = {key: value for key, value in data.items() if value is not None}
     with pytest.raises(CheckpointError) as info:
         HeadConfig.from_dict(data)
@@ -111,7 +112,7 @@ def test_config_errors_name_every_key(change: dict, named: list[str]) -> None:
 def test_config_read_names_the_file(tmp_path) -> None:
     with pytest.raises(CheckpointError, match="not found"):
         HeadConfig.read(tmp_path)
-    (tmp_path / HEAD_CONFIG).write_text(json.dumps({**CONFIG.to_dict(), "dropout": 0.1}))
+    (tmp_path / HEAD_CONFIG).write_text(json.dumps({**CONFIG.model_dump(), "dropout": 0.1}))
     with pytest.raises(CheckpointError, match=r"joint_head_config\.json.*unknown keys: dropout"):
         HeadConfig.read(tmp_path)
     (tmp_path / HEAD_CONFIG).write_text("{")
@@ -159,7 +160,7 @@ def test_save_load_roundtrip(tmp_path, head: JointSchemaHead, embeddings: torch.
     save_head(head, tmp_path / "b")
     assert (tmp_path / "a" / HEAD_WEIGHTS).read_bytes() == (tmp_path / "b" / HEAD_WEIGHTS).read_bytes()
     config_text = (tmp_path / "a" / HEAD_CONFIG).read_text()
-    assert config_text == json.dumps(CONFIG.to_dict(), sort_keys=True, indent=2) + "\n"
+    assert config_text == json.dumps(CONFIG.model_dump(), sort_keys=True, indent=2) + "\n"
 
     loaded = load_head(tmp_path / "a")
     assert loaded.config == CONFIG and not loaded.training
@@ -310,6 +311,13 @@ def test_cuda_matches_cpu(head: JointSchemaHead, embeddings: torch.Tensor) -> No
 
 
 # --- input checks ---------------------------------------------------------------------------------
+
+
+def test_question_type_ids_are_the_rows_of_the_release_embedding() -> None:
+    # Written out here on purpose: the ids index a released `type_embedding`, so they must never move.
+    assert {t.name.lower(): int(t) for t in QuestionType} == {"noul": 0, "choice": 1, "score": 2}
+    assert get_args(QuestionTypeName) == tuple(t.name.lower() for t in QuestionType)
+    assert make_head().type_embedding.num_embeddings == len(QuestionType)
 
 
 @pytest.mark.parametrize(

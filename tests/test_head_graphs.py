@@ -8,7 +8,7 @@ import torch
 from test_head import CONFIG, TOLERANCE, VOCAB, make_head, make_record
 
 from clef_quant.head_loop import loop_logits
-from clef_vllm.head import JointSchemaHead, RecordSchema
+from clef_vllm.head import JointSchemaHead
 from clef_vllm.head_graphs import (
     MIN_TOKENS,
     Bucket,
@@ -18,6 +18,7 @@ from clef_vllm.head_graphs import (
     padded_logits,
     record_meta,
 )
+from clef_vllm.schema import RecordSchema
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -302,7 +302,8 @@ def release_forward_probabilities(tiny_dir, tokenizer, processor, request_body, 
     import torch
     from transformers import Qwen3_5ForConditionalGeneration
 
-    from clef_vllm.head import RecordSchema, find_head_dir, load_head
+    from clef_vllm.head_files import find_head_dir, load_head
+    from clef_vllm.schema import RecordSchema
 
     media_text = IMAGE * len(raw_images) + "\n"
     media_ids, outputs = processor_ids(processor, media_text, images=[pil(r) for r in raw_images])

@@ -10,7 +10,8 @@ import pytest
 from clef_vllm.answers import build_response
 from clef_vllm.errors import RequestError
 from clef_vllm.media import MediaData
-from clef_vllm.request import Limits, QuestionType, parse_request
+from clef_vllm.request import Limits, parse_request
+from clef_vllm.schema import QuestionType
 
 
 def body(questions=None, **overrides):

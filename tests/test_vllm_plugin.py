@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from clef_quant.bench.workload import varied_requests
 from clef_quant.reference import ReferenceScorer
 from clef_vllm.encoding import Encoding
-from clef_vllm.head import find_head_dir, load_head
+from clef_vllm.head_files import find_head_dir, load_head
 from clef_vllm.request import parse_request
 
 # Measured on the tiny checkpoint (24 requests, 60 questions, bf16 on both sides): top-1 agreement 0.959

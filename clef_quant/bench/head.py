@@ -7,7 +7,8 @@ the profiler also counts the device time of the fast path's kernels, the floor i
 a pooler step is mimicked: 8 records, one head call each, one synchronization at the end.
 
 `run_head_bench` returns the numbers and `render_markdown` the report; `clef-quant bench head` renders both.
-`python -m clef_quant.bench.head` does the same with only torch installed (for bare GPU machines).
+`python -m clef_quant.bench.head` does the same with only torch, safetensors and pydantic installed (for bare GPU
+machines).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ import torch
 
 from clef_quant.bench.environment import load_average, machine_name
 from clef_quant.head_loop import loop_logits
-from clef_vllm.head import HeadConfig, JointSchemaHead, RecordSchema
+from clef_vllm.head import JointSchemaHead
+from clef_vllm.head_files import HeadConfig
 from clef_vllm.head_graphs import GraphedHead
+from clef_vllm.schema import RecordSchema
 
 FLASH_HEAD = HeadConfig(hidden_size=4096, width=1024, routing_layers=2, layers=4, heads=16, feedforward=4096)
 RECORD_TOKENS = 3000

@@ -11,7 +11,8 @@ from clef_quant.cli._errors import read_json_file, user_errors
 from clef_quant.cli._options import MaxLengthOption, ModelOption, RequestArgument, RevisionOption
 from clef_quant.release import resolve_release
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
-from clef_vllm.request import QuestionType, parse_request
+from clef_vllm.request import parse_request
+from clef_vllm.schema import QuestionType
 
 
 @user_errors

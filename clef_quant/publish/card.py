@@ -39,7 +39,7 @@ from clef_quant.publish.folder import (
 from clef_quant.publish.results import EvalResults, ThroughputReport, read_results, read_throughput
 from clef_quant.publish.upload import validate_repo_id
 from clef_quant.quantize.manifest import MANIFEST_FILE
-from clef_vllm.head import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
+from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
 
 TEMPLATES_DIR = REPO_ROOT / "model_cards"
 TEMPLATE = "quantized.md.j2"

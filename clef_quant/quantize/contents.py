@@ -28,7 +28,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from clef_vllm.head import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
+from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
 
 RELEASE_CODE = "joint_schema_model.py"
 SOURCE_CARD = "README.md"

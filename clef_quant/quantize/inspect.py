@@ -34,7 +34,7 @@ from clef_quant.quantize.recipes import is_kept_bf16, matches_target
 from clef_quant.quantize.schemes import BF16, fused_groups_of, module_kind, scheme_label
 from clef_quant.quantize.writer import OWNER_FILE, PARTIAL_SUFFIX
 from clef_vllm.errors import CheckpointError
-from clef_vllm.head import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
+from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
 
 QUANTIZED_MARKERS = ("weight_packed", "weight_scale")
 UNKNOWN_SCHEME = "quantized (scheme not in config)"

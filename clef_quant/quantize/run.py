@@ -55,7 +55,7 @@ from clef_quant.quantize.progress import NoProgress, Progress
 from clef_quant.quantize.recipes import Recipe, load_recipe
 from clef_quant.quantize.writer import OWNER_FILE, PARTIAL_SUFFIX
 from clef_quant.release import resolve_release
-from clef_vllm.head import HEAD_SUBDIR, HEAD_WEIGHTS, find_head_dir
+from clef_vllm.head_files import HEAD_SUBDIR, HEAD_WEIGHTS, find_head_dir
 
 # What `on_stage` is told, in order ("calibrating" only for schemes that calibrate).
 STAGES = ("checked", "claimed", "loaded", "calibrating", "saved", "copied", "hashed", "published")

@@ -286,7 +286,7 @@ def _run_units(
 
     from clef_quant.quantize.calibration import CalibrationSet, CalibrationSummary, as_dataloader
     from clef_vllm.encoding import encode_request
-    from clef_vllm.head import find_head_dir, load_head
+    from clef_vllm.head_files import find_head_dir, load_head
     from clef_vllm.request import parse_request
 
     tokenizer = AutoTokenizer.from_pretrained(source_dir)

@@ -36,7 +36,8 @@ from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
 from clef_quant.tiny.sizes import SIZES, Size
 from clef_quant.tiny.tokenizer import EOS_TOKEN, PAD_TOKEN, build_tokenizer, token_ids
 from clef_vllm.errors import ClefError
-from clef_vllm.head import HeadConfig, JointSchemaHead, save_head
+from clef_vllm.head import JointSchemaHead
+from clef_vllm.head_files import HeadConfig, save_head
 
 # progress(stage, done, total): stages "tokenizer", "weights" (counted in bytes) and "head", in that order.
 ProgressCallback = Callable[[str, int, int], None]

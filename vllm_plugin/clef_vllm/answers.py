@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from clef_vllm.request import ClefRequest, Question, QuestionType
+from clef_vllm.request import ClefRequest, Question
+from clef_vllm.schema import QuestionType
 
 DECIMALS = 4
 

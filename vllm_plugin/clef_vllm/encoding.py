@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from clef_vllm.errors import RequestError, SchemaTooLongError
-from clef_vllm.head import RecordSchema
 from clef_vllm.media import (
     DEFAULT_MEDIA_LIMITS,
     DecodedVideo,
@@ -26,6 +25,7 @@ from clef_vllm.media import (
     decode_video,
 )
 from clef_vllm.request import ClefRequest
+from clef_vllm.schema import RecordSchema
 from clef_vllm.state_cut import cut_state
 
 DEFAULT_MAX_LENGTH = 16384

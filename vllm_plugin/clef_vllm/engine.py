@@ -33,7 +33,7 @@ from clef_vllm.answers import response_from_logits
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
 from clef_vllm.errors import CheckpointError, RequestError, SettingsError
 from clef_vllm.plugin import ARCHITECTURE
-from clef_vllm.pooling_contract import SCHEMA_KEY, pooling_schema
+from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
 
 CPU_KV_CACHE_GIB = "2"
@@ -188,18 +188,12 @@ class ClefEngine:
 
     def logits(self, encodings: Sequence[Encoding], *, progress: bool = False) -> list[torch.Tensor]:
         """Every option's logit for each encoded request (flat, model order), batched by vLLM."""
-        from vllm import PoolingParams
-
         prompts = [engine_prompt(e) for e in encodings]
-        params = [
-            PoolingParams(task="token_classify", use_activation=False, extra_kwargs={SCHEMA_KEY: pooling_schema(e)})
-            for e in encodings
-        ]
+        params = [pooling_params(e) for e in encodings]
         outputs = self.llm.encode(prompts, params, pooling_task="token_classify", use_tqdm=progress)
         logits = []
         for encoding, output in zip(encodings, outputs, strict=True):
-            if list(output.prompt_token_ids) != encoding.input_ids:
-                raise RuntimeError("the engine ran other token ids than the encoding; spans would be wrong")
+            check_token_ids(output.prompt_token_ids, encoding)
             logits.append(output.outputs.data.float().cpu())
         return logits
 

@@ -13,125 +13,22 @@ Inputs are read by position, so the caller must hand over exactly the record's r
 
 from __future__ import annotations
 
-import json
 import math
 from array import array
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import chain
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from clef_vllm.errors import CheckpointError
+from clef_vllm.head_ops import attend, capped_scale, decoder_layer, project_kv, segment_softmax
+from clef_vllm.schema import NUM_QUESTION_TYPES, RecordSchema
 
-HEAD_WEIGHTS = "joint_head.safetensors"
-HEAD_CONFIG = "joint_head_config.json"
-HEAD_SUBDIR = "clef_head"
-
-QUESTION_TYPES = {"noul": 0, "choice": 1, "score": 2}
-MAX_LOGIT_SCALE = math.log(100.0)  # the release caps both learned temperatures at 100
-
-
-@dataclass(frozen=True)
-class HeadConfig:
-    """The head's constructor arguments, as `joint_head_config.json` stores them."""
-
-    hidden_size: int
-    width: int
-    routing_layers: int
-    layers: int
-    heads: int
-    feedforward: int
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> HeadConfig:
-        """Build from the JSON object, refusing any unknown, missing or ill-typed key (all named at once)."""
-        names = [f.name for f in fields(cls)]
-        problems = []
-        missing = [name for name in names if name not in data]
-        unknown = sorted(str(key) for key in data if key not in names)
-        if missing:
-            problems.append("missing keys: " + ", ".join(missing))
-        if unknown:
-            problems.append("unknown keys: " + ", ".join(unknown))
-        minimum = {"routing_layers": 0, "layers": 0}
-        for name in names:
-            value = data.get(name)
-            if name in data and (not isinstance(value, int) or isinstance(value, bool) or value < minimum.get(name, 1)):
-                problems.append(f"{name} must be an integer >= {minimum.get(name, 1)}, not {value!r}")
-        if not problems and data["width"] % data["heads"]:  # type: ignore[operator]
-            problems.append(f"width {data['width']} is not divisible by heads {data['heads']}")
-        if problems:
-            raise CheckpointError("joint head config: " + "; ".join(problems))
-        return cls(**{name: int(data[name]) for name in names})  # type: ignore[call-overload]
-
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-    @classmethod
-    def read(cls, path: str | Path) -> HeadConfig:
-        """Read `joint_head_config.json` (give the file or the folder that holds it)."""
-        path = Path(path)
-        file = path / HEAD_CONFIG if path.is_dir() else path
-        if not file.is_file():
-            raise CheckpointError(f"joint head config not found: {file}")
-        try:
-            data = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"cannot read {file}: {exc}") from None
-        if not isinstance(data, dict):
-            raise CheckpointError(f"{file} must hold a JSON object")
-        try:
-            return cls.from_dict(data)
-        except CheckpointError as exc:
-            raise CheckpointError(f"{file}: {exc}") from None
-
-
-@dataclass(frozen=True)
-class RecordSchema:
-    """Where a record's questions and options sit in its tokens (half-open positions within the record).
-
-    `question_types` holds type ids (0 noul, 1 choice, 2 score); `option_spans[i]` are question i's options in
-    model order. Validated on construction so a bad span fails here rather than as a NaN logit later.
-    """
-
-    question_types: tuple[int, ...]
-    question_spans: tuple[tuple[int, int], ...]
-    option_spans: tuple[tuple[tuple[int, int], ...], ...]
-
-    def __post_init__(self) -> None:
-        types = tuple(int(t) for t in self.question_types)
-        questions = tuple((int(s), int(e)) for s, e in self.question_spans)
-        options = tuple(tuple((int(s), int(e)) for s, e in spans) for spans in self.option_spans)
-        object.__setattr__(self, "question_types", types)
-        object.__setattr__(self, "question_spans", questions)
-        object.__setattr__(self, "option_spans", options)
-        if not questions:
-            raise ValueError("a record needs at least one question")
-        if not len(types) == len(questions) == len(options):
-            raise ValueError(
-                f"{len(types)} question types, {len(questions)} question spans and "
-                f"{len(options)} option span lists must be equal in number"
-            )
-        if any(t not in (0, 1, 2) for t in types):
-            raise ValueError(f"question types must be 0, 1 or 2, got {types}")
-        if any(not spans for spans in options):
-            raise ValueError("every question needs at least one option")
-        if any(not 0 <= s < e for s, e in chain(questions, chain.from_iterable(options))):
-            raise ValueError("every span must be a non-empty [start, end) with start >= 0")
-
-    @property
-    def option_counts(self) -> tuple[int, ...]:
-        return tuple(len(spans) for spans in self.option_spans)
-
-    @property
-    def num_options(self) -> int:
-        return sum(self.option_counts)
+if TYPE_CHECKING:  # the config lives with the files that store it, which load into this module
+    from clef_vllm.head_files import HeadConfig
 
 
 class EvidenceLayer(nn.Module):
@@ -163,7 +60,7 @@ class JointSchemaHead(nn.Module):
         self.global_projection = nn.Linear(h, w, bias=False)
         self.option_context_projection = nn.Linear(h, w, bias=False)
         self.option_lexical_projection = nn.Linear(h, w, bias=False)
-        self.type_embedding = nn.Embedding(len(QUESTION_TYPES), w)
+        self.type_embedding = nn.Embedding(NUM_QUESTION_TYPES, w)
         self.evidence_layers = nn.ModuleList(
             EvidenceLayer(w, config.heads, config.feedforward) for _ in range(config.routing_layers)
         )
@@ -270,8 +167,8 @@ class JointSchemaHead(nn.Module):
             + self.option_question_projection(question)[oq]
         )
         for layer in self.evidence_layers:
-            keys_values = _project_kv(layer.attention, layer.memory_norm(memory))
-            attended = _attend(
+            keys_values = project_kv(layer.attention, layer.memory_norm(memory))
+            attended = attend(
                 layer.attention,
                 plan.pad_options(layer.query_norm(options)),
                 plan.pad_tokens(keys_values),
@@ -283,7 +180,7 @@ class JointSchemaHead(nn.Module):
         # Per question: a softmax over its options' agreement with the question picks the option summary.
         field_query = self.question_projection(question)  # [Q, w]
         scores = (options.float() * field_query.float()[oq]).sum(-1) / math.sqrt(self.config.width)
-        weights = _segment_softmax(scores, oq, plan.num_questions)
+        weights = segment_softmax(scores, oq, plan.num_questions)
         summary = options.new_zeros(plan.num_questions, options.shape[1], dtype=torch.float32)
         summary.index_add_(0, oq, weights[:, None] * options.float())
         qr = plan.question_record
@@ -296,72 +193,22 @@ class JointSchemaHead(nn.Module):
 
         padded = plan.pad_questions(fields_)
         for layer in self.layers:
-            padded = _decoder_layer(layer, padded, plan.pad_tokens, memory, plan.field_mask, plan.memory_mask)
+            padded = decoder_layer(layer, padded, plan.pad_tokens, memory, plan.field_mask, plan.memory_mask)
         fields_ = self.field_norm(plan.unpad_questions(padded))
 
         field = fields_[oq]
         option = self.option_norm(options)
-        joint = _capped_scale(self.joint_logit_scale) * F.cosine_similarity(field, option, dim=-1)
+        joint = capped_scale(self.joint_logit_scale) * F.cosine_similarity(field, option, dim=-1)
         pair = torch.cat([field, option, field * option, (field - option).abs()], dim=-1)
         joint = joint + self.residual_scorer(pair).squeeze(-1)
         question_global = (question + last[qr])[oq]
-        prior = _capped_scale(self.prior_logit_scale) * F.cosine_similarity(lexical, question_global, dim=-1)
+        prior = capped_scale(self.prior_logit_scale) * F.cosine_similarity(lexical, question_global, dim=-1)
         logits = prior + torch.sigmoid(self.residual_gate) * joint
         return list(logits.split(plan.options_per_record))
 
 
 def _cat(tensors: list[Tensor]) -> Tensor:
     return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
-
-
-def _capped_scale(log_scale: Tensor) -> Tensor:
-    return log_scale.clamp(max=MAX_LOGIT_SCALE).exp()
-
-
-def _segment_softmax(scores: Tensor, segment: Tensor, num_segments: int) -> Tensor:
-    """Softmax of `scores` within each segment (fp32), without padding the segments to one length."""
-    peak = scores.new_full((num_segments,), -math.inf)
-    peak.scatter_reduce_(0, segment, scores, reduce="amax", include_self=True)
-    exps = (scores - peak[segment]).exp()
-    total = exps.new_zeros(num_segments).index_add_(0, segment, exps)
-    return exps / total[segment]
-
-
-def _project_kv(attention: nn.MultiheadAttention, memory: Tensor) -> Tensor:
-    """Keys and values of the memory side by side ([..., 2w]); done once per record and layer."""
-    w = attention.embed_dim
-    return F.linear(memory, attention.in_proj_weight[w:], attention.in_proj_bias[w:])
-
-
-def _attend(attention: nn.MultiheadAttention, query: Tensor, keys_values: Tensor, mask: Tensor | None) -> Tensor:
-    """`attention(query, kv, kv)` with the keys and values already projected; `mask` marks real keys.
-
-    Same math as nn.MultiheadAttention (scale 1/sqrt(head dim)), through scaled_dot_product_attention.
-    """
-    batch, length, w = query.shape
-    heads = attention.num_heads
-    q = F.linear(query, attention.in_proj_weight[:w], attention.in_proj_bias[:w])
-    q = q.view(batch, length, heads, w // heads).transpose(1, 2)
-    split = keys_values.view(batch, keys_values.shape[1], 2, heads, w // heads)
-    k, v = split.permute(2, 0, 3, 1, 4).unbind(0)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return attention.out_proj(out.transpose(1, 2).reshape(batch, length, w))
-
-
-def _decoder_layer(
-    layer: nn.TransformerDecoderLayer,
-    x: Tensor,
-    pad_tokens: Callable[[Tensor], Tensor],
-    memory: Tensor,
-    field_mask: Tensor | None,
-    memory_mask: Tensor | None,
-) -> Tensor:
-    """A norm-first TransformerDecoderLayer step on padded fields, memory K/V projected without padding."""
-    normed = layer.norm1(x)
-    x = x + _attend(layer.self_attn, normed, _project_kv(layer.self_attn, normed), field_mask)
-    memory_kv = pad_tokens(_project_kv(layer.multihead_attn, memory))
-    x = x + _attend(layer.multihead_attn, layer.norm2(x), memory_kv, memory_mask)
-    return x + layer.linear2(layer.activation(layer.linear1(layer.norm3(x))))
 
 
 @dataclass
@@ -522,70 +369,3 @@ class _Plan:
 
     def unpad_questions(self, padded: Tensor) -> Tensor:
         return padded[0] if self.question_index is None else padded[self.question_index]
-
-
-def load_head(
-    folder: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
-) -> JointSchemaHead:
-    """Load a head folder strictly: every key of the file must be a parameter and every parameter present.
-
-    A partial or renamed head would otherwise score with random weights and still return plausible numbers.
-    `dtype=None` keeps the file's dtypes (bf16 for a release).
-    """
-    folder = Path(folder)
-    config = HeadConfig.read(folder / HEAD_CONFIG)
-    weights = folder / HEAD_WEIGHTS
-    if not weights.is_file():
-        raise CheckpointError(f"joint head weights not found: {weights}")
-    try:
-        tensors = load_file(weights)
-    except (OSError, SafetensorError) as exc:
-        raise CheckpointError(f"cannot read {weights}: {exc}") from None
-    with torch.device("meta"):
-        head = JointSchemaHead(config)
-    expected = head.state_dict()
-    problems = []
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing:
-        problems.append("missing keys: " + ", ".join(missing))
-    if unexpected:
-        problems.append("unexpected keys: " + ", ".join(unexpected))
-    shapes = [
-        f"{key} {tuple(tensors[key].shape)} (config wants {tuple(expected[key].shape)})"
-        for key in sorted(set(expected) & set(tensors))
-        if tensors[key].shape != expected[key].shape
-    ]
-    if shapes:
-        problems.append("wrong shapes: " + ", ".join(shapes))
-    not_float = sorted(key for key, t in tensors.items() if key in expected and not t.is_floating_point())
-    if not_float:
-        problems.append("not floating point: " + ", ".join(not_float))
-    if problems:
-        raise CheckpointError(f"{weights} does not match {config}: " + "; ".join(problems))
-    tensors = {key: t.to(device=device, dtype=dtype or t.dtype) for key, t in tensors.items()}
-    head.load_state_dict(tensors, strict=True, assign=True)
-    return head.eval().requires_grad_(False)
-
-
-def save_head(head: JointSchemaHead, folder: str | Path) -> Path:
-    """Write the two head files; the same weights always give the same bytes (releases are diffed by hash)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {key: t.detach().to("cpu").contiguous() for key, t in sorted(head.state_dict().items())}
-    save_file(tensors, str(folder / HEAD_WEIGHTS), metadata={"format": "pt"})
-    text = json.dumps(head.config.to_dict(), sort_keys=True, indent=2) + "\n"
-    (folder / HEAD_CONFIG).write_text(text, encoding="utf-8")
-    return folder
-
-
-def find_head_dir(release_dir: str | Path) -> Path:
-    """The folder holding the head: `clef_head/` in our quantized releases, the root in the originals."""
-    release_dir = Path(release_dir)
-    for candidate in (release_dir / HEAD_SUBDIR, release_dir):
-        if (candidate / HEAD_WEIGHTS).is_file() and (candidate / HEAD_CONFIG).is_file():
-            return candidate
-    raise CheckpointError(
-        f"no joint schema head in {release_dir}: expected {HEAD_WEIGHTS} and {HEAD_CONFIG} "
-        f"in {release_dir / HEAD_SUBDIR} or {release_dir}"
-    )

@@ -34,7 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from clef_vllm.head import JointSchemaHead, RecordSchema, _attend, _capped_scale, _decoder_layer, _project_kv
+from clef_vllm.head import JointSchemaHead
+from clef_vllm.head_ops import attend, capped_scale, decoder_layer, project_kv
+from clef_vllm.schema import RecordSchema
 
 MIN_TOKENS = 256
 # Longer prompts run the batched forward: their prefill dwarfs the head's launch overhead, and graphs that size
@@ -146,8 +148,8 @@ def _padded_forward(head: JointSchemaHead, hidden: Tensor, rows: Tensor, meta: T
         + head.option_question_projection(question)[owner_index]
     )
     for layer in head.evidence_layers:
-        keys_values = _project_kv(layer.attention, layer.memory_norm(memory))
-        attended = _attend(layer.attention, layer.query_norm(options)[None], keys_values[None], memory_bias)
+        keys_values = project_kv(layer.attention, layer.memory_norm(memory))
+        attended = attend(layer.attention, layer.query_norm(options)[None], keys_values[None], memory_bias)
         options = options + attended[0]
         options = options + layer.feedforward(layer.feedforward_norm(options))
 
@@ -170,16 +172,16 @@ def _padded_forward(head: JointSchemaHead, hidden: Tensor, rows: Tensor, meta: T
     field_bias = _key_bias(questions, n_q, dtype, device)
     padded = fields_[None]
     for layer in head.layers:
-        padded = _decoder_layer(layer, padded, lambda t: t[None], memory, field_bias, memory_bias)
+        padded = decoder_layer(layer, padded, lambda t: t[None], memory, field_bias, memory_bias)
     fields_ = head.field_norm(padded[0])
 
     field = fields_[owner_index]
     option = head.option_norm(options)
-    joint = _capped_scale(head.joint_logit_scale) * F.cosine_similarity(field, option, dim=-1)
+    joint = capped_scale(head.joint_logit_scale) * F.cosine_similarity(field, option, dim=-1)
     pair = torch.cat([field, option, field * option, (field - option).abs()], dim=-1)
     joint = joint + head.residual_scorer(pair).squeeze(-1)
     question_global = (question + last)[owner_index]
-    prior = _capped_scale(head.prior_logit_scale) * F.cosine_similarity(lexical, question_global, dim=-1)
+    prior = capped_scale(head.prior_logit_scale) * F.cosine_similarity(lexical, question_global, dim=-1)
     return prior + torch.sigmoid(head.residual_gate) * joint
 
 

@@ -9,13 +9,16 @@ expand before the state. Keeping this contract lets one pooler serve our offline
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from clef_vllm.encoding import Encoding
-from clef_vllm.head import RecordSchema
+from clef_vllm.schema import RecordSchema, is_question_type
+
+if TYPE_CHECKING:
+    from vllm import PoolingParams
 
 SCHEMA_KEY = "joint_schema"
-NUM_QUESTION_TYPES = 3
 
 
 def pooling_schema(encoding: Encoding) -> dict[str, list[Any]]:
@@ -27,6 +30,28 @@ def pooling_schema(encoding: Encoding) -> dict[str, list[Any]]:
         "option_spans": [[s - end, e - end] for spans in encoding.option_spans for s, e in spans],
         "option_counts": [len(spans) for spans in encoding.option_spans],
     }
+
+
+def pooling_params(encoding: Encoding) -> PoolingParams:
+    """What every front end sends with an encoded request: the schema, and raw logits back.
+
+    Logits rather than the pooler's own per-question softmax, so that every front end turns them into
+    probabilities with the same code (`clef_vllm.answers.split_logits`).
+    """
+    from vllm import PoolingParams  # here, not at the top: importing vLLM takes seconds
+
+    return PoolingParams(
+        task="token_classify", use_activation=False, extra_kwargs={SCHEMA_KEY: pooling_schema(encoding)}
+    )
+
+
+def check_token_ids(ran: Sequence[int], encoding: Encoding) -> None:
+    """Refuse an output whose prompt is not the encoding's ids: the spans would point at other tokens.
+
+    With media, vLLM's own processor expands the placeholders, so this is where a different expansion shows.
+    """
+    if list(ran) != encoding.input_ids:
+        raise RuntimeError("the engine ran other token ids than the encoding; spans would be wrong")
 
 
 def parse_pooling_schema(extra_kwargs: dict[str, Any] | None, prompt_len: int) -> RecordSchema | None:
@@ -50,7 +75,7 @@ def parse_pooling_schema(extra_kwargs: dict[str, Any] | None, prompt_len: int) -
         or len(counts) != len(types)
         or len(questions) != len(types)
         or len(options) != sum(counts)
-        or any(not 0 <= t < NUM_QUESTION_TYPES for t in types)
+        or not all(is_question_type(t) for t in types)
         or any(c < 1 for c in counts)
         or any(not 0 <= s < e <= prompt_len for s, e in (*questions, *options))
     ):

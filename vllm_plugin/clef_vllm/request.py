@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import IntEnum
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictStr, ValidationError
 
 from clef_vllm.errors import RequestError
 from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MediaData, MediaLimits
+from clef_vllm.schema import QuestionType, QuestionTypeName
 
 MAX_QUESTIONS = 64
 MAX_CHOICE_OPTIONS = 256
@@ -28,14 +28,6 @@ NOUL_DEFAULTS = {
     "true": "The proposition is true or the answer is yes.",
     "false": "The proposition is false or the answer is no.",
 }
-
-
-class QuestionType(IntEnum):
-    """Type ids as the head's `type_embedding` indexes them."""
-
-    NOUL = 0
-    CHOICE = 1
-    SCORE = 2
 
 
 @dataclass(frozen=True)
@@ -64,7 +56,7 @@ class QuestionBody(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    type: Literal["noul", "choice", "score"]
+    type: QuestionTypeName
     instructions: JsonValue = Field(default=None, description="Any JSON; the question id when missing or empty")
     criteria: dict[str, JsonValue] | list[JsonValue] | None = Field(
         default=None,

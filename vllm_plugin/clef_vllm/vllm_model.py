@@ -29,17 +29,11 @@ from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
 from clef_vllm.errors import CheckpointError
-from clef_vllm.head import (
-    HEAD_CONFIG,
-    HEAD_WEIGHTS,
-    HeadConfig,
-    JointSchemaHead,
-    RecordSchema,
-    find_head_dir,
-    load_head,
-)
+from clef_vllm.head import JointSchemaHead
+from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS, HeadConfig, find_head_dir, load_head
 from clef_vllm.head_graphs import GraphedHead
 from clef_vllm.pooling_contract import parse_pooling_schema
+from clef_vllm.schema import RecordSchema
 
 ARCHITECTURE = "ClefFlashForJointSchema"
 HEAD_PREFIX = "pooler.head."
@@ -61,7 +55,7 @@ def local_release_dir(model: str, revision: str | None) -> Path:
         return path
     from huggingface_hub import snapshot_download
 
-    patterns = [HEAD_CONFIG, HEAD_WEIGHTS, f"clef_head/{HEAD_CONFIG}", f"clef_head/{HEAD_WEIGHTS}"]
+    patterns = [HEAD_CONFIG, HEAD_WEIGHTS, f"{HEAD_SUBDIR}/{HEAD_CONFIG}", f"{HEAD_SUBDIR}/{HEAD_WEIGHTS}"]
     return Path(snapshot_download(model, revision=revision, allow_patterns=patterns))
 
 

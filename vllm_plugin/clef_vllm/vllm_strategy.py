@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import torch
 from vllm.entrypoints.generate.structured_decisions.question_types import Question, StructuredDecisionError
 from vllm.entrypoints.generate.structured_decisions.strategies import (
     DecisionLimits,
@@ -25,12 +26,12 @@ from vllm.entrypoints.generate.structured_decisions.strategies import (
     ReadStrategy,
 )
 from vllm.inputs import tokens_input
-from vllm.pooling_params import PoolingParams
 
+from clef_vllm.answers import split_logits
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request, render
 from clef_vllm.engine import engine_prompt, load_processor
 from clef_vllm.errors import RequestError
-from clef_vllm.pooling_contract import SCHEMA_KEY, pooling_schema
+from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.request import DEFAULT_LIMITS, MAX_QUESTIONS, ClefRequest, Limits, parse_request
 
 
@@ -56,14 +57,14 @@ def _systemone_body(
     return request
 
 
-def _model_order_to_vllm_order(request: ClefRequest, probs: list[float]) -> list[list[float]]:
-    """vLLM lists a choice's options in request order; the model scores them sorted by id."""
-    per_question, offset = [], 0
-    for question in request.questions:
-        count = len(question.options)
-        by_id = {o.id: p for o, p in zip(question.options, probs[offset : offset + count], strict=True)}
+def _model_order_to_vllm_order(request: ClefRequest, logits: torch.Tensor) -> list[list[float]]:
+    """Per-question probabilities in vLLM's order: it lists a choice's options in request order, the model
+    scores them sorted by id."""
+    counts = [len(question.options) for question in request.questions]
+    per_question = []
+    for question, probs in zip(request.questions, split_logits(logits, counts), strict=True):
+        by_id = {o.id: p for o, p in zip(question.options, probs.tolist(), strict=True)}
         per_question.append([by_id[option_id] for option_id in question.answer_order])
-        offset += count
     return per_question
 
 
@@ -117,11 +118,10 @@ class ClefFlashStrategy(ReadStrategy):
             )
         except RequestError as exc:
             raise StructuredDecisionError(exc.message) from None
-        params = PoolingParams(task="token_classify", extra_kwargs={SCHEMA_KEY: pooling_schema(encoding)})
         result = None
         async for update in self.context.engine_client.encode(
             await self._engine_input(encoding, cache_salt),
-            params,
+            pooling_params(encoding),
             f"{request_id}-0",
             lora_request=lora_request,
             trace_headers=trace_headers,
@@ -130,9 +130,9 @@ class ClefFlashStrategy(ReadStrategy):
             result = update
         if result is None or result.error is not None:
             raise ValueError("the engine did not score the request")
-        if list(result.prompt_token_ids) != encoding.input_ids:
-            raise ValueError("the engine ran other token ids than the encoding; spans would be wrong")
-        per_question = _model_order_to_vllm_order(request, result.outputs.data.tolist())
+        # A RuntimeError, not a ValueError: vLLM answers ValueErrors as the client's fault (400).
+        check_token_ids(result.prompt_token_ids, encoding)
+        per_question = _model_order_to_vllm_order(request, result.outputs.data)
         return [
             QuestionRead(
                 probs=probs,

@@ -21,7 +21,7 @@ import torch
 from clef_vllm.answers import response_from_logits
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
 from clef_vllm.engine import apply_cpu_defaults, engine_args, engine_prompt, load_processor, schedule_args
-from clef_vllm.pooling_contract import SCHEMA_KEY, pooling_schema
+from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
 
 
@@ -160,12 +160,8 @@ class EngineBackend:
         return Scored(response, truncation_headers(encoding))
 
     async def _logits(self, encoding: Encoding) -> torch.Tensor:
-        from vllm import PoolingParams
-
         request_id = f"clef-{next(self._ids)}"
-        params = PoolingParams(
-            task="token_classify", use_activation=False, extra_kwargs={SCHEMA_KEY: pooling_schema(encoding)}
-        )
+        params = pooling_params(encoding)
         finished = False
         output = None
         try:
@@ -177,8 +173,7 @@ class EngineBackend:
                 await self.engine.abort(request_id)
         if output is None:
             raise RuntimeError("the engine returned no output")
-        if list(output.prompt_token_ids) != encoding.input_ids:
-            raise RuntimeError("the engine ran other token ids than the encoding; spans would be wrong")
+        check_token_ids(output.prompt_token_ids, encoding)
         return output.outputs.data.float().cpu()
 
     async def warm_up(self) -> None:
