@@ -386,7 +386,7 @@ def test_auto_quantize_writes_a_commented_recipe_and_passes_inspect(built, scann
             name = f"model.language_model.layers.{layer}.{leaf[group]}"
             assert report.module(name).scheme == choice, (line_number, line)
     # the card's "What is quantized" table names the layers of every (module kind, scheme) row
-    from clef_quant.publish.card import quantization_tables
+    from clef_quant.publish.folder_facts import quantization_tables
 
     rows = quantization_tables(report)["quantized_rows"]
     for row in rows:

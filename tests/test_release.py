@@ -28,11 +28,11 @@ from typer.testing import CliRunner
 from clef_quant.cli import app
 from clef_quant.evaluation.report import write_results
 from clef_quant.evaluation.runner import EvalConfig, run_eval
-from clef_quant.publish.card import EXAMPLE_REQUEST, REQUIRED_FRONT_MATTER, resolve_base_model, resolve_license
-from clef_quant.publish.card import source_front_matter as read_source_front_matter
+from clef_quant.publish.card import EXAMPLE_REQUEST, REQUIRED_FRONT_MATTER, card_environment
 from clef_quant.publish.errors import PublishError
 from clef_quant.publish.folder import CARD_SECTION, tree_files
-from clef_quant.publish.results import section_table, tables
+from clef_quant.publish.provenance import resolve_base_model, resolve_license
+from clef_quant.publish.provenance import source_front_matter as read_source_front_matter
 from clef_quant.quantize.inspect import inspect_checkpoint
 from clef_quant.quantize.manifest import MANIFEST_FILE, read_manifest
 from clef_vllm.request import parse_request
@@ -47,6 +47,27 @@ BASE_MODEL = "Cloudflare/clef-flash"
 TOKEN = "hf_test_token_0123456789"
 PLOTS = ("assets/accuracy_agreement.png", "assets/kl_per_task.png", "assets/probability_scatter.png")
 TAGS = {"clef", "systemone", "fp8-dynamic", "compressed-tensors", "llm-compressor", "vllm"}
+
+
+def tables(text: str) -> list[str]:
+    """Every pipe table of a markdown text, each verbatim: what a reader of results.md or a report sees."""
+    found: list[str] = []
+    current: list[str] = []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            current.append(line)
+            continue
+        if len(current) >= 2 and re.match(r"^\|[\s:|-]+\|$", current[1]):
+            found.append("\n".join(current))
+        current = []
+    return found
+
+
+def section_table(text: str, heading: str) -> str | None:
+    """The first table after the `## heading` line of a markdown text."""
+    match = re.search(rf"^##\s+{re.escape(heading)}\s*$", text, flags=re.MULTILINE)
+    found = tables(text[match.end() :]) if match else []
+    return found[0] if found else None
 
 
 def cli(*args: str) -> Any:
@@ -154,9 +175,9 @@ def test_card_without_a_throughput_report_shows_the_eval_speed_table(carded: Pat
     assert speed is not None and speed in card.split("## Throughput")[1]
 
 
-@pytest.mark.slow
-def test_card_copies_a_throughput_report(quantized_dir: Any, results_dir: Path, tmp_path: Path) -> None:
-    from clef_quant.bench.throughput import ThroughputResult, ThroughputRow, render_markdown
+def throughput_report(tmp_path: Path) -> Path:
+    """A `bench throughput` report as the bench writes it: markdown, with its JSON beside it."""
+    from clef_quant.bench.throughput_report import ThroughputResult, ThroughputRow, write_report
 
     rows = (
         ThroughputRow("bf16 reference", "transformers", "tiny", 8, 4000, 4.0, 1.0),
@@ -165,14 +186,49 @@ def test_card_copies_a_throughput_report(quantized_dir: Any, results_dir: Path, 
     report = ThroughputResult(
         "test machine", "2026-01-01 00:00 UTC", "0.0", {}, "data", 8, 4000, 8, 4096, "cpu", {}, rows
     )
-    path = tmp_path / "throughput-test.md"
-    path.write_text(render_markdown(report, "clef-quant bench throughput ..."))
+    markdown, _ = write_report(report, "clef-quant bench throughput ...", tmp_path / "throughput-test.md")
+    return markdown
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("given", ["markdown", "json"])
+def test_card_shows_a_throughput_report(quantized_dir: Any, results_dir: Path, tmp_path: Path, given: str) -> None:
+    markdown = throughput_report(tmp_path)
     folder = fresh_copy(quantized_dir, tmp_path)
+    path = markdown if given == "markdown" else markdown.with_suffix(".json")
     result = write_card(folder, results_dir, "--throughput", path, "--no-plots")
     assert result.exit_code == 0, result.output
     throughput = (folder / "README.md").read_text().split("## Throughput")[1].split("## Quickstart")[0]
-    table = next(t for t in tables(path.read_text()) if "records/s" in t)
+    table = next(t for t in tables(markdown.read_text()) if "records/s" in t)
     assert table in throughput and "machine: test machine" in throughput
+
+
+@pytest.mark.slow
+def test_card_refuses_a_throughput_report_without_its_json(
+    quantized_dir: Any, results_dir: Path, tmp_path: Path
+) -> None:
+    markdown = throughput_report(tmp_path)
+    markdown.with_suffix(".json").unlink()
+    folder = fresh_copy(quantized_dir, tmp_path)
+    result = write_card(folder, results_dir, "--throughput", markdown, "--no-plots")
+    assert result.exit_code == 2 and "throughput-test.json is missing" in result.output
+    assert not (folder / "README.md").exists()
+
+
+@pytest.mark.slow
+def test_card_reads_results_json_only(quantized_dir: Any, results_dir: Path, tmp_path: Path) -> None:
+    """The card's tables come from results.json: without results.md the card is the same."""
+    only_json = tmp_path / "results"
+    shutil.copytree(results_dir, only_json)
+    (only_json / "results.md").unlink()
+    folder = fresh_copy(quantized_dir, tmp_path)
+    result = write_card(folder, only_json, "--no-plots")
+    assert result.exit_code == 0, result.output
+    card = (folder / "README.md").read_text()
+    markdown = (results_dir / "results.md").read_text()
+    for heading in ("Quality", "Speed"):
+        assert section_table(markdown, heading) in card, heading
+    assert tables(markdown)[0] in card  # the sides, with their model sha256
 
 
 @pytest.mark.slow
@@ -293,6 +349,29 @@ def test_base_model_comes_from_the_manifest_source() -> None:
 
 def test_quickstart_request_is_a_valid_systemone_request() -> None:
     parse_request(EXAMPLE_REQUEST)
+
+
+@pytest.mark.parametrize(
+    ("calibration", "line"),
+    [
+        (None, "none: FP8_DYNAMIC needs no data"),
+        (
+            {"source": "data/calibration.jsonl", "records": 1000, "tokens": 512000, "max_seq_len": 2048},
+            "1,000 SystemOne requests, 512,000 tokens, at most 2,048 per request, from `data/calibration.jsonl`",
+        ),
+        (
+            {
+                "source": "data/calibration.jsonl", "records": 1000, "requested": 1024, "skipped": {"too long": 24},
+                "tokens": 512000, "max_seq_len": 2048, "truncated": 3,
+            },
+            "1,000 SystemOne requests of 1,024 asked for (skipped 24: too long), 512,000 tokens, at most 2,048 per "
+            "request (3 cut to fit), from `data/calibration.jsonl`",
+        ),
+    ],
+)  # fmt: skip
+def test_calibration_line_says_what_calibration_saw(calibration: dict[str, Any] | None, line: str) -> None:
+    texts = card_environment().get_template("quantized_texts.j2").module
+    assert str(texts.calibration_line(calibration, ["FP8_DYNAMIC"])) == line
 
 
 # -- upload --------------------------------------------------------------------------------------------------

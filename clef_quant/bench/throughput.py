@@ -7,16 +7,15 @@ vLLM forms the batches). Every side first scores one batch untimed (lazy initial
 then all records timed. The time is model time: records are encoded before the clock starts, as
 `clef-quant eval` does.
 
-`run_throughput` returns the numbers, `render_markdown` the report; `clef-quant bench throughput` does both.
+`run_throughput` returns the numbers; `throughput_report.write_report` writes them as markdown and JSON;
+`clef-quant bench throughput` does both.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,46 +23,12 @@ from typing import Any
 import torch
 
 from clef_quant.bench.environment import load_average, machine_name
+from clef_quant.bench.throughput_report import ThroughputResult, ThroughputRow
 from clef_quant.evaluation.runner import FreshEngines, score_plugin, score_reference
 from clef_quant.evaluation.store import tool_versions
 from clef_vllm.encoding import Encoding, encode_request
 from clef_vllm.errors import ClefError
 from clef_vllm.request import ClefRequest, parse_request
-
-
-@dataclass(frozen=True)
-class ThroughputRow:
-    side: str
-    runner: str  # "transformers" or "vLLM plugin"
-    folder: str
-    records: int
-    tokens: int
-    seconds: float
-    load_seconds: float  # model load (reference) or engine start (plugin), not in `seconds`
-
-    @property
-    def records_per_s(self) -> float:
-        return self.records / self.seconds
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds
-
-
-@dataclass(frozen=True)
-class ThroughputResult:
-    machine: str
-    date: str
-    load: str
-    versions: dict[str, str | None]
-    source: str
-    records: int
-    tokens: int
-    batch_size: int
-    max_model_len: int
-    device: str
-    engine: dict[str, Any]
-    rows: tuple[ThroughputRow, ...]
 
 
 def load_requests(source: Path, records: int) -> list[ClefRequest]:
@@ -188,37 +153,3 @@ def _row(
         seconds=sum(seconds for _, seconds in timed),
         load_seconds=load,
     )
-
-
-def render_markdown(result: ThroughputResult, command: str) -> str:
-    versions = ", ".join(f"{name} {version}" for name, version in result.versions.items() if version)
-    reference = result.rows[0]
-    lines = [
-        "# Throughput: transformers reference vs the vLLM plugin (bf16, FP8, NVFP4)",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| machine | {result.machine} |",
-        f"| device | {result.device} |",
-        f"| date | {result.date} |",
-        f"| versions | {versions} |",
-        f"| command | `{command}` |",
-        f"| records | {result.records} requests from `{result.source}`, {result.tokens} prompt tokens in all "
-        f"(max model len {result.max_model_len}) |",
-        f"| reference | transformers, bf16, batches of {result.batch_size} records sorted by length (right-padded) |",
-        f"| plugin | one `ClefEngine.logits` call over all records; engine options {json.dumps(result.engine)} |",
-        "| image rows | generated requests (`clef_quant.bench.workload.image_requests`), one PNG of 48-160 px a side "
-        "each; the reference runs records with media one at a time |",
-        "| timing | one untimed warm-up batch per side, then every record once; model time only (encoding is "
-        "done before), perf_counter |",
-        f"| load | {result.load} |",
-        "",
-        "| side | runs through | folder | records/s | tokens/s | vs reference | seconds | load / start s |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for row in result.rows:
-        lines.append(
-            f"| {row.side} | {row.runner} | `{row.folder}` | {row.records_per_s:.2f} | {row.tokens_per_s:.0f} | "
-            f"{row.records_per_s / reference.records_per_s:.2f}x | {row.seconds:.2f} | {row.load_seconds:.1f} |"
-        )
-    return "\n".join(lines) + "\n"

@@ -174,7 +174,11 @@ def throughput(
     ),
     eager: Annotated[bool, typer.Option(help="Run vLLM without graph compilation.")] = False,
     out: Annotated[
-        Path | None, typer.Option(help="Report path.", show_default="bench/results/throughput-<device>.md")
+        Path | None,
+        typer.Option(
+            help="Report path (markdown); its JSON goes beside it, same stem.",
+            show_default="bench/results/throughput-<device>.md",
+        ),
     ] = None,
 ) -> None:
     """Records/s and tokens/s of the transformers reference and of the plugin (bf16, FP8, NVFP4) on the same records.
@@ -188,7 +192,8 @@ def throughput(
 
     import torch
 
-    from clef_quant.bench.throughput import load_requests, render_markdown, run_throughput
+    from clef_quant.bench.throughput import load_requests, run_throughput
+    from clef_quant.bench.throughput_report import write_report
     from clef_quant.bench.workload import image_requests
     from clef_vllm.request import parse_request
 
@@ -218,8 +223,7 @@ def throughput(
             image_requests=[parse_request(body) for body in image_requests(image_records, seed=0)],
         )
     out = out or Path(f"bench/results/throughput-{device.value}.md")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_markdown(result, shlex.join(["clef-quant", *sys.argv[1:]])), encoding="utf-8")
+    written = write_report(result, shlex.join(["clef-quant", *sys.argv[1:]]), out)
 
     table = Table(title=f"throughput, {result.records} records, {result.machine}")
     for column in ("side", "records/s", "tokens/s", "vs reference"):
@@ -228,7 +232,7 @@ def throughput(
         ratio = row.records_per_s / result.rows[0].records_per_s
         table.add_row(row.side, f"{row.records_per_s:.2f}", f"{row.tokens_per_s:.0f}", f"{ratio:.2f}x")
     Console().print(table)
-    typer.echo(f"wrote {out}")
+    typer.echo(f"wrote {' and '.join(map(str, written))}")
 
 
 @app.command("quantize")

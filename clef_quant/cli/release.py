@@ -23,7 +23,10 @@ def card(
     folder: FolderArgument,
     results: Annotated[Path, typer.Option(help="RESULTS folder of clef-quant eval that evaluated DIR.")],
     throughput: Annotated[
-        Path | None, typer.Option(help="A clef-quant bench throughput report (markdown) to show.")
+        Path | None,
+        typer.Option(
+            help="A clef-quant bench throughput report to show: its JSON, or its markdown with the JSON beside it."
+        ),
     ] = None,
     repo_id: Annotated[
         str | None,
@@ -47,7 +50,7 @@ def card(
 
     Examples:
       clef-quant card artifacts/tiny-NVFP4 --results results/tiny --base-model ORG/NAME --license apache-2.0
-      clef-quant card flash-NVFP4 --results results/flash --throughput bench/results/throughput-h200.md
+      clef-quant card flash-NVFP4 --results results/flash --throughput bench/results/throughput-h200.json
     """
     from clef_quant.publish.card import CardConfig, write_card
 

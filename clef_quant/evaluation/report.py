@@ -1,4 +1,8 @@
-"""results.json (everything), results.csv (one row per side and task) and results.md (the model-card tables)."""
+"""results.json (everything), results.csv (one row per side and task) and results.md (the model-card tables).
+
+The tables of results.md are rendered from the results dict alone (`sides_table`, `quality_table`, `speed_table`),
+so the model card renders the same tables from results.json and the two cannot drift apart.
+"""
 
 from __future__ import annotations
 
@@ -80,7 +84,7 @@ def _group_columns(side: dict[str, Any], metrics: tuple[Metric, ...]) -> list[Me
     return [m for m in metrics if side["role"] != "reference" or not m.compares]
 
 
-def _table(results: dict[str, Any], metrics: tuple[Metric, ...]) -> list[str]:
+def _table(results: dict[str, Any], metrics: tuple[Metric, ...]) -> str:
     groups = [(side, _group_columns(side, metrics)) for side in results["sides"]]
     header = ["task", "records", "questions"]
     for side, columns in groups:
@@ -93,7 +97,34 @@ def _table(results: dict[str, Any], metrics: tuple[Metric, ...]) -> list[str]:
             values = results["values"][side["key"]][row["name"]]
             cells += [format_value(m, _nan(values[m.name])) for m in columns]
         lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    return "\n".join(lines)
+
+
+def quality_table(results: dict[str, Any]) -> str:
+    """The Quality table: one column group per side, one row per task and All."""
+    return _table(results, QUALITY_METRICS)
+
+
+def speed_table(results: dict[str, Any]) -> str:
+    """The Speed table: model time per side while scoring."""
+    return _table(results, SPEED_METRICS)
+
+
+def sides_table(results: dict[str, Any]) -> str:
+    """One row per side: how it runs, its folder, and the model sha256 that identifies the files it ran."""
+    lines = [
+        "| side | runs as | folder | model sha256 | records scored / reused |",
+        "|---|---|---|---|---:|",
+    ]
+    for side in results["sides"]:
+        model_hash = side["model_hash"]
+        scheme = f", {model_hash['scheme']}" if model_hash.get("scheme") else ""
+        lines.append(
+            f"| {_cell(side['name'])} | {ROLE_WORDS[side['role']]} | `{side['folder']}` | "
+            f"`{model_hash['sha256'][:16]}` (from {model_hash['from']}{scheme}) | "
+            f"{side['records_scored']} / {side['records_reused']} |"
+        )
+    return "\n".join(lines)
 
 
 def _cell(text: str) -> str:
@@ -120,17 +151,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"(source {summary.get('source', '?')}, seed {summary.get('seed', '?')}). "
         f"Maximum length {config['max_model_len']} tokens. Tools: {tools}.",
         "",
-        "| side | runs as | folder | model sha256 | records scored / reused |",
-        "|---|---|---|---|---:|",
+        sides_table(results),
     ]
-    for side in results["sides"]:
-        model_hash = side["model_hash"]
-        scheme = f", {model_hash['scheme']}" if model_hash.get("scheme") else ""
-        lines.append(
-            f"| {_cell(side['name'])} | {ROLE_WORDS[side['role']]} | `{side['folder']}` | "
-            f"`{model_hash['sha256'][:16]}` (from {model_hash['from']}{scheme}) | "
-            f"{side['records_scored']} / {side['records_reused']} |"
-        )
     lines += [
         "",
         "## Quality",
@@ -141,14 +163,14 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         *[f"- {_cell(m.title)}: {m.description} ({m.aggregation})." for m in QUALITY_METRICS],
         "",
-        *_table(results, QUALITY_METRICS),
+        quality_table(results),
         "",
         "## Speed",
         "",
         *[f"- {m.title}: {m.description}." for m in SPEED_METRICS],
         "- Reused records keep the time measured when they were scored. Noul questions count as two options.",
         "",
-        *_table(results, SPEED_METRICS),
+        speed_table(results),
         "",
         f"What these numbers do not show: with {smallest} records in the smallest task, one record moves that "
         f"task's accuracy by {100 / max(smallest, 1):.1f} points; agreement and KL say how close a candidate stays "

@@ -1,8 +1,10 @@
-"""Reading what the card shows from other commands' outputs: `clef-quant eval`'s RESULTS folder and a
-`clef-quant bench throughput` report.
+"""Reading what the card shows from other commands' outputs: `clef-quant eval`'s RESULTS folder and the JSON of a
+`clef-quant bench throughput` report. Only JSON is read; the card's tables are rendered from it by the functions
+that render the markdown reports (`evaluation.report`, `bench.throughput_report`), so they match those reports.
 
-RESULTS holds `results.json` (every number, the sides with their model fingerprints), `results.md` (the tables,
-copied into the card verbatim) and `probs/<side key>.jsonl` (per-record probabilities, for the scatter plot).
+RESULTS holds `results.json` (every number, the sides with their model fingerprints) and `probs/<side key>.jsonl`
+(per-record probabilities, for the scatter plot).
+
 The card is for one candidate: the side whose model fingerprint equals DIR's. That fingerprint is the sha256 of the
 manifest's file list (see `clef_quant.evaluation.store`); it is computed here over the files `quantize` wrote, so
 it still matches after `card` has added its own files to the manifest.
@@ -12,19 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clef_quant.bench.throughput_report import ThroughputResult, json_path, read_report
+from clef_quant.evaluation import report
 from clef_quant.evaluation.store import manifest_fingerprint
 from clef_quant.publish.errors import PublishError
+from clef_vllm.errors import ClefError
 
-RESULTS_JSON = "results.json"
-RESULTS_MD = "results.md"
 RESULTS_FORMAT = "clef-quant-eval-results/1"
-QUALITY_HEADING = "Quality"
-SPEED_HEADING = "Speed"
 ALL = "All"
 HUB_SOURCE = "hub"
 
@@ -50,9 +50,6 @@ class EvalResults:
     folder: Path
     raw: dict[str, Any]
     json_sha256: str
-    table: str  # the Quality table of results.md, verbatim
-    sides_table: str  # the table of sides (folders, model hashes) of results.md, verbatim
-    speed_table: str | None  # the Speed table of results.md, verbatim (the card's fallback throughput table)
     sides: list[Side]
     this: Side  # the side that is DIR
     tasks: list[dict[str, Any]]  # name, title, records, questions (results.json order), then All
@@ -85,41 +82,18 @@ class EvalResults:
         ids = [((t.get("dataset") or {}).get("id")) for t in (self.data_summary.get("tasks") or {}).values()]
         return sorted({i for i in ids if i})
 
+    # The tables of results.md, rendered from results.json by the functions that wrote results.md.
     @property
-    def data_line(self) -> str:
-        counts = self.data_summary.get("counts") or {}
-        tasks = self.data_summary.get("tasks") or {}
-        line = (
-            f"Measured on {counts.get('eval_records', '?')} records ({counts.get('eval_questions', '?')} questions) "
-            f"of {len(tasks)} tasks, sampled with seed {self.data_summary.get('seed', '?')}"
-        )
-        if self.from_hub:
-            return line + " from the held-out splits of the datasets on the Hub."
-        # Said in bold: numbers from stand-in rows must never pass for numbers on the real datasets.
-        return (
-            line + f". **The rows are the synthetic stand-ins in `{self.data_summary.get('source')}`, written in "
-            "each dataset's format, not the datasets themselves.**"
-        )
+    def quality_table(self) -> str:
+        return report.quality_table(self.raw)
 
     @property
-    def tasks_line(self) -> str:
-        tasks = self.data_summary.get("tasks") or {}
-        described = []
-        for name, task in tasks.items():
-            dataset = (task.get("dataset") or {}).get("id", "?")
-            described.append(f"{task.get('title', name)} (`{dataset}`, {(task.get('eval') or {}).get('split')})")
-        return f"Tasks (dataset, split): {', '.join(described)}."
+    def sides_table(self) -> str:
+        return report.sides_table(self.raw)
 
     @property
-    def metrics_line(self) -> str:
-        quality = [m for m in self.metrics if m.get("level") == "question"]
-        return (
-            "Columns: "
-            + "; ".join(
-                f"{m['title']}: {m['description']} ({m['aggregation']}, {m['direction']} is better)" for m in quality
-            )
-            + "."
-        )
+    def speed_table(self) -> str:
+        return report.speed_table(self.raw)
 
     def pairs(self, side: Side) -> tuple[list[float], list[float]]:
         """Every option probability of every question: (reference, side), records matched by id."""
@@ -138,17 +112,16 @@ class EvalResults:
 def read_results(results_dir: Path, folder: Path, manifest: dict[str, Any]) -> EvalResults:
     """RESULTS for the card of `folder`; refuses results that did not evaluate this folder."""
     results_dir = Path(results_dir)
-    json_path, md_path = results_dir / RESULTS_JSON, results_dir / RESULTS_MD
-    for path in (json_path, md_path):
-        if not path.is_file():
-            raise PublishError(f"{path} is missing: --results takes the RESULTS folder of clef-quant eval")
-    raw_bytes = json_path.read_bytes()
+    results_json = results_dir / report.RESULTS_JSON
+    if not results_json.is_file():
+        raise PublishError(f"{results_json} is missing: --results takes the RESULTS folder of clef-quant eval")
+    raw_bytes = results_json.read_bytes()
     try:
         raw = json.loads(raw_bytes)
     except json.JSONDecodeError as exc:
-        raise PublishError(f"{json_path} is not valid JSON: {exc.msg}") from None
+        raise PublishError(f"{results_json} is not valid JSON: {exc.msg}") from None
     if raw.get("format") != RESULTS_FORMAT:
-        raise PublishError(f"{json_path} has format {raw.get('format')!r}; this card reads {RESULTS_FORMAT}")
+        raise PublishError(f"{results_json} has format {raw.get('format')!r}; this card reads {RESULTS_FORMAT}")
 
     sides = [
         Side(
@@ -170,21 +143,13 @@ def read_results(results_dir: Path, folder: Path, manifest: dict[str, Any]) -> E
             f"{evaluated}; run clef-quant eval --candidate {folder} ... --out {results_dir}"
         )
     if not any(s.role == "reference" for s in sides):
-        raise PublishError(f"{json_path} has no reference side")
+        raise PublishError(f"{results_json} has no reference side")
 
-    text = md_path.read_text(encoding="utf-8")
-    table = section_table(text, QUALITY_HEADING)
-    if table is None:
-        raise PublishError(f"{md_path} has no table under '## {QUALITY_HEADING}'")
-    sides_table = first_table(text) or ""
     tasks = [*raw["tasks"], {"name": ALL, "title": ALL}]
     result = EvalResults(
         folder=results_dir,
         raw=raw,
         json_sha256=hashlib.sha256(raw_bytes).hexdigest(),
-        table=table,
-        sides_table=sides_table,
-        speed_table=section_table(text, SPEED_HEADING),
         sides=sides,
         this=this,
         tasks=tasks,
@@ -238,64 +203,15 @@ def _read_store(path: Path) -> dict[str, list[list[float]]]:
     return found
 
 
-# -- markdown tables ------------------------------------------------------------------------------------------
-
-
-def tables(text: str) -> list[str]:
-    """Every pipe table of a markdown text, each verbatim (lines joined with newlines)."""
-    found: list[str] = []
-    current: list[str] = []
-    for line in [*text.splitlines(), ""]:
-        if line.startswith("|"):
-            current.append(line)
-            continue
-        if len(current) >= 2 and re.match(r"^\|[\s:|-]+\|$", current[1]):
-            found.append("\n".join(current))
-        current = []
-    return found
-
-
-def first_table(text: str) -> str | None:
-    found = tables(text)
-    return found[0] if found else None
-
-
-def section_table(text: str, heading: str) -> str | None:
-    """The first table after the `## heading` line of a markdown text."""
-    match = re.search(rf"^##\s+{re.escape(heading)}\s*$", text, flags=re.MULTILINE)
-    if match is None:
-        return None
-    return first_table(text[match.end() :])
-
-
-@dataclass
-class ThroughputReport:
-    name: str  # the report's file name, as the card links it
-    title: str
-    summary: str  # e.g. "machine ..., date ..."
-    tables: list[str]
-
-
-def read_throughput(path: Path) -> ThroughputReport:
-    """A `bench throughput` markdown report: its title, the key/value facts, and its result tables verbatim."""
+def read_throughput(path: Path) -> tuple[ThroughputResult, str]:
+    """(numbers, command) of a `bench throughput` report, from its JSON: `path` itself, or the JSON beside it when
+    `path` is the markdown report."""
     path = Path(path)
-    if not path.is_file():
-        raise PublishError(f"--throughput {path} is not a file")
-    text = path.read_text(encoding="utf-8")
-    title = next((line[2:].strip() for line in text.splitlines() if line.startswith("# ")), path.stem)
-    facts: dict[str, str] = {}
-    results = []
-    for table in tables(text):
-        lines = table.splitlines()
-        if lines[0].replace(" ", "") == "|||":  # the report's key/value header table
-            for line in lines[2:]:
-                cells = [c.strip() for c in line.strip("|").split("|")]
-                if len(cells) == 2:
-                    facts[cells[0]] = cells[1]
-        else:
-            results.append(table)
-    if not results:
-        raise PublishError(f"{path} has no results table")
-    wanted = [key for key in ("machine", "device", "date", "records") if key in facts]
-    summary = "; ".join(f"{key}: {facts[key]}" for key in wanted) or title
-    return ThroughputReport(path.name, title, summary, results)
+    data = path if path.suffix == ".json" else json_path(path)
+    if not data.is_file():
+        hint = "" if data == path else f" (the JSON that clef-quant bench throughput writes beside {path})"
+        raise PublishError(f"--throughput: {data} is missing{hint}; run clef-quant bench throughput again to write it")
+    try:
+        return read_report(data)
+    except ClefError as exc:
+        raise PublishError(f"--throughput: {exc}") from None

@@ -1,0 +1,140 @@
+"""The `bench throughput` report: the numbers (`ThroughputResult`), written twice from the same functions.
+
+`write_report` writes the markdown report and, beside it with the same stem, a JSON file with every number of it.
+Readers (the model card) take the JSON and render their tables with `results_table` and `report_facts`, the
+functions the markdown is made of, so a card and the report it shows cannot disagree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from clef_vllm.errors import ClefError
+
+REPORT_FORMAT = "clef-quant-bench-throughput/1"
+REPORT_TITLE = "Throughput: transformers reference vs the vLLM plugin (bf16, FP8, NVFP4)"
+
+
+@dataclass(frozen=True)
+class ThroughputRow:
+    side: str
+    runner: str  # "transformers" or "vLLM plugin"
+    folder: str
+    records: int
+    tokens: int
+    seconds: float
+    load_seconds: float  # model load (reference) or engine start (plugin), not in `seconds`
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+@dataclass(frozen=True)
+class ThroughputResult:
+    machine: str
+    date: str
+    load: str
+    versions: dict[str, str | None]
+    source: str
+    records: int
+    tokens: int
+    batch_size: int
+    max_model_len: int
+    device: str
+    engine: dict[str, Any]
+    rows: tuple[ThroughputRow, ...]
+
+
+def report_facts(result: ThroughputResult, command: str) -> dict[str, str]:
+    """The report's key/value header, in the order it is shown."""
+    versions = ", ".join(f"{name} {version}" for name, version in result.versions.items() if version)
+    return {
+        "machine": result.machine,
+        "device": result.device,
+        "date": result.date,
+        "versions": versions,
+        "command": f"`{command}`",
+        "records": f"{result.records} requests from `{result.source}`, {result.tokens} prompt tokens in all "
+        f"(max model len {result.max_model_len})",
+        "reference": f"transformers, bf16, batches of {result.batch_size} records sorted by length (right-padded)",
+        "plugin": f"one `ClefEngine.logits` call over all records; engine options {json.dumps(result.engine)}",
+        "image rows": "generated requests (`clef_quant.bench.workload.image_requests`), one PNG of 48-160 px a side "
+        "each; the reference runs records with media one at a time",
+        "timing": "one untimed warm-up batch per side, then every record once; model time only (encoding is done "
+        "before), perf_counter",
+        "load": result.load,
+    }
+
+
+def results_table(result: ThroughputResult) -> str:
+    """One row per side: records/s and tokens/s, and records/s relative to the first row (the reference)."""
+    reference = result.rows[0]
+    lines = [
+        "| side | runs through | folder | records/s | tokens/s | vs reference | seconds | load / start s |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in result.rows:
+        lines.append(
+            f"| {row.side} | {row.runner} | `{row.folder}` | {row.records_per_s:.2f} | {row.tokens_per_s:.0f} | "
+            f"{row.records_per_s / reference.records_per_s:.2f}x | {row.seconds:.2f} | {row.load_seconds:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def render_markdown(result: ThroughputResult, command: str) -> str:
+    facts = [f"| {key} | {value} |" for key, value in report_facts(result, command).items()]
+    lines = [f"# {REPORT_TITLE}", "", "| | |", "|---|---|", *facts, "", results_table(result)]
+    return "\n".join(lines) + "\n"
+
+
+def render_json(result: ThroughputResult, command: str) -> str:
+    """Every number of the report; rows also carry their derived rates, for readers that do not recompute them."""
+    data: dict[str, Any] = {"format": REPORT_FORMAT, "command": command, **asdict(result)}
+    data["rows"] = [
+        {**asdict(row), "records_per_s": row.records_per_s, "tokens_per_s": row.tokens_per_s} for row in result.rows
+    ]
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def json_path(markdown_path: Path) -> Path:
+    """Where the JSON of the report at `markdown_path` lives: beside it, same stem."""
+    return Path(markdown_path).with_suffix(".json")
+
+
+def write_report(result: ThroughputResult, command: str, out: Path) -> tuple[Path, Path]:
+    """Write the markdown report at `out` and its JSON beside it; returns both paths."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_markdown(result, command), encoding="utf-8")
+    data_path = json_path(out)
+    data_path.write_text(render_json(result, command), encoding="utf-8")
+    return out, data_path
+
+
+def read_report(path: Path) -> tuple[ThroughputResult, str]:
+    """(numbers, command) from a report's JSON."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ClefError(f"{path} is not valid JSON: {exc.msg}") from None
+    if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
+        found = data.get("format") if isinstance(data, dict) else None
+        raise ClefError(f"{path} has format {found!r}; a throughput report's JSON has {REPORT_FORMAT}")
+    row_fields = [f.name for f in fields(ThroughputRow)]
+    result_fields = [f.name for f in fields(ThroughputResult) if f.name != "rows"]
+    try:
+        rows = tuple(ThroughputRow(**{name: row[name] for name in row_fields}) for row in data["rows"])
+        result = ThroughputResult(**{name: data[name] for name in result_fields}, rows=rows)
+    except (KeyError, TypeError) as exc:
+        raise ClefError(f"{path} lacks a field of a throughput report: {exc}") from None
+    if not rows:
+        raise ClefError(f"{path} has no rows")
+    return result, str(data.get("command") or "")
