@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clef_quant import shipped
 from clef_quant.publish.errors import PublishError
 from clef_quant.publish.folder import (
     ASSETS_DIR,
     CARD_FILE,
     CARD_SECTION,
     COPIED_TREES,
-    REPO_ROOT,
     copy_trees,
     install_card_files,
     is_card_owned,
@@ -41,7 +41,6 @@ from clef_quant.publish.upload import validate_repo_id
 from clef_quant.quantize.manifest import MANIFEST_FILE
 from clef_vllm.head import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
 
-TEMPLATES_DIR = REPO_ROOT / "model_cards"
 TEMPLATE = "quantized.md.j2"
 DEFAULT_LICENSE_HINT = "apache-2.0"
 BASE_TAGS = ("clef", "systemone", "compressed-tensors", "llm-compressor", "vllm")
@@ -625,7 +624,7 @@ def render_card(context: dict[str, Any]) -> str:
     import jinja2
 
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        loader=jinja2.FunctionLoader(_shipped_template),
         undefined=jinja2.StrictUndefined,  # a missing fact is a bug, never an empty cell
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -638,6 +637,12 @@ def render_card(context: dict[str, Any]) -> str:
     env.filters["plural"] = lambda n, word: f"{n:,} {word}" + ("" if n == 1 else "s")
     text = env.get_template(TEMPLATE).render(**context)
     return re.sub(r"\n{3,}", "\n\n", text)  # template blocks that render empty leave blank runs
+
+
+def _shipped_template(name: str) -> str | None:
+    """A template of the shipped `model_cards/` folder; None (jinja2's "not found") when there is none."""
+    template = shipped.model_cards().joinpath(name)
+    return template.read_text(encoding="utf-8") if template.is_file() else None
 
 
 def check_card_text(text: str) -> None:
