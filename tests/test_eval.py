@@ -121,7 +121,7 @@ def test_a_text_in_both_splits_is_kept_out_of_calibration(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--source", "no/such/folder"], "--source no/such/folder is neither 'hub' nor a folder"),
+        (["--source", "no/such/folder"], "--source no/such/folder is neither 'hub', 'fixtures' nor a folder"),
         (["--task", "nope"], "unknown task(s) nope"),
         (["--source", "tests", "--task", "boolq"], "tests has no Parquet files for 2 split(s): google/boolq/default/"),
     ],
@@ -138,6 +138,20 @@ def test_build_data_errors_exit_2(tmp_path: Path, args: list[str], message: str)
 def test_existing_data_is_refused_without_overwrite(data_dir: Path) -> None:
     result = cli("build-data", "--out", str(data_dir), "--source", str(FIXTURES))
     assert result.exit_code == 2 and "already exists; pass --overwrite" in result.output
+
+
+def test_source_fixtures_reads_the_shipped_rows(data_dir: Path, tmp_path: Path) -> None:
+    # `--source fixtures` is how an installed clef-quant reaches eval/fixtures; it must be the same data.
+    result = cli(
+        "build-data", "--out", str(tmp_path / "d"), "--source", "fixtures",
+        "--per-task", str(PER_TASK), "--calibration", str(CALIBRATION),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    for name in ("calibration.jsonl", *(f"eval/{p.name}" for p in (data_dir / "eval").glob("*.jsonl"))):
+        assert (tmp_path / "d" / name).read_bytes() == (data_dir / name).read_bytes(), name
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert summary["source"] == "eval/fixtures"
+    assert summary["tasks"]["mmlu"]["task_file"]["path"] == "eval/tasks/mmlu.yaml"
 
 
 # -- metrics ---------------------------------------------------------------------------------------------------

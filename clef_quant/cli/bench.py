@@ -204,7 +204,7 @@ def throughput(
         if folder is not None and not (folder / "config.json").is_file():
             raise fail(f"{folder} is not a release folder")
     if not data.exists():
-        raise fail(f"{data} does not exist", hint="clef-quant build-data --out DATA --source eval/fixtures")
+        raise fail(f"{data} does not exist", hint="clef-quant build-data --out DATA --source fixtures")
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     requests = load_requests(data, records)

@@ -40,8 +40,8 @@ def build_data(
     source: Annotated[
         str,
         typer.Option(
-            help="'hub' (datasets.load_dataset with the real ids) or a folder laid out as the Hub's Parquet "
-            "export, e.g. eval/fixtures."
+            help="'hub' (datasets.load_dataset with the real ids), 'fixtures' (the synthetic rows shipped with "
+            "clef-quant, offline) or a folder laid out as the Hub's Parquet export."
         ),
     ] = "hub",
     task: Annotated[
@@ -59,7 +59,7 @@ def build_data(
     DATA/summary.json.
 
     Examples:
-      clef-quant build-data --out data/eval --source eval/fixtures --per-task 8 --calibration 32
+      clef-quant build-data --out data/eval --source fixtures --per-task 8 --calibration 32
       clef-quant build-data --out data/flash --tokenizer flash   # flash: the bf16 release folder
     """
     _quiet(verbose)

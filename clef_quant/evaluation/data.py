@@ -2,7 +2,8 @@
 
 Rows come from `datasets.load_dataset`, always: with the real Hub ids (`source="hub"`, the revision a task file
 names, e.g. the Parquet export of script datasets), or with the `parquet` builder pointed at a local copy laid
-out as the Hub's Parquet export (`<source>/<dataset id>/<config>/<split>/*.parquet`, as `eval/fixtures/` is).
+out as the Hub's Parquet export (`<source>/<dataset id>/<config>/<split>/*.parquet`, as `eval/fixtures/` is;
+`source="fixtures"` names that shipped copy wherever clef-quant is installed).
 
 Sampling is deterministic: each task and split has its own `random.Random` seeded from text (stable across Python
 processes, unlike `hash()`), rows are visited in that shuffled order and the first valid ones are kept, then
@@ -25,11 +26,13 @@ import random
 import shutil
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from clef_quant import shipped
 from clef_quant.evaluation.errors import DataError, DatasetError, RowError, TaskFileError
 from clef_quant.evaluation.tasks import LabelNames, Task, check_gold, gold_index
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Tokenizer, encode_request, render
@@ -37,6 +40,7 @@ from clef_vllm.errors import RequestError
 from clef_vllm.request import ClefRequest, parse_request
 
 HUB = "hub"
+FIXTURES = "fixtures"  # the synthetic rows shipped with clef-quant (eval/fixtures/)
 DATA_FORMAT = "clef-quant-eval-data/1"
 EVAL_DIR = "eval"
 CALIBRATION_FILE = "calibration.jsonl"
@@ -74,7 +78,7 @@ def load_split(task: Task, split: str, source: str = HUB) -> Any:
         hint = f" ({spec.revision_reason})" if spec.revision_reason else ""
         raise DatasetError(
             f"cannot read {where}{hint}: {type(exc).__name__}: {_first_line(exc)}; "
-            "offline, use --source eval/fixtures (synthetic rows in the same format)"
+            f"offline, use --source {FIXTURES} (synthetic rows in the same format)"
         ) from None
     missing = [c for c in spec.columns if c not in dataset.column_names]
     if missing:
@@ -92,7 +96,7 @@ def label_names(dataset: Any) -> LabelNames:
 def _check_local_source(source: Path, tasks: Sequence[Task], *, calibration: bool) -> None:
     """Every split the tasks read has Parquet files under `source`; all missing ones are named at once."""
     if not source.is_dir():
-        raise DataError(f"--source {source} is neither 'hub' nor a folder")
+        raise DataError(f"--source {source} is neither '{HUB}', '{FIXTURES}' nor a folder")
     missing = []
     for task in tasks:
         spec = task.dataset
@@ -283,6 +287,10 @@ def build_data(
     on_task: Callable[[str, str], None] | None = None,
 ) -> BuildResult:
     """Sample every task, write DATA.partial and rename it to DATA. `on_task(task, stage)` reports progress."""
+    if config.source == FIXTURES:
+        # datasets opens the Parquet files itself, so it needs them as real files.
+        with resources.as_file(shipped.fixtures()) as folder:
+            return build_data(replace(config, source=str(folder)), tasks, on_task)
     if config.per_task < 1:
         raise DataError("--per-task must be at least 1")
     if config.calibration < 0:
@@ -329,7 +337,7 @@ def build_data(
         summary_tasks[sample.task.name] = {
             "title": sample.task.body.title,
             "task_file": {
-                "path": _display(sample.task.path),
+                "path": shipped.display(sample.task.path),
                 "version": sample.task.body.version,
                 "sha256": sample.task.sha256,
             },
@@ -354,7 +362,7 @@ def build_data(
     summary = {
         "format": DATA_FORMAT,
         "created": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "source": config.source if config.source == HUB else _display(Path(config.source)),
+        "source": config.source if config.source == HUB else shipped.display(Path(config.source)),
         "seed": config.seed,
         "per_task": config.per_task,
         "calibration_requested": config.calibration,
@@ -373,14 +381,6 @@ def build_data(
         shutil.rmtree(out)
     partial.rename(out)
     return BuildResult(out=out, summary=summary)
-
-
-def _display(path: Path) -> str:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        return str(path.resolve().relative_to(root))
-    except ValueError:
-        return str(path)
 
 
 # -- reading a DATA folder back --------------------------------------------------------------------------------

@@ -22,17 +22,19 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from clef_quant import shipped
 from clef_quant.evaluation.errors import RowError, TaskFileError
 from clef_vllm.errors import RequestError
 from clef_vllm.request import ClefRequest, parse_request
 
-TASKS_DIR = Path(__file__).resolve().parents[2] / "eval" / "tasks"
+TASK_SUFFIX = ".yaml"
 REQUEST_MODEL = "clef-flash"  # echoed in responses only; the model that answers is the one being evaluated
 
 Row = Mapping[str, Any]
@@ -74,7 +76,7 @@ class Task:
     """A loaded task file; `sha256` of the file is recorded in DATA so results name the exact task version."""
 
     body: TaskBody
-    path: Path
+    path: Path | Traversable  # a shipped task file is a Traversable
     sha256: str
 
     @property
@@ -253,7 +255,7 @@ _OPERATORS: dict[str, Callable[[dict[str, Any], Row, LabelNames], Any]] = {
 # -- loading task files ----------------------------------------------------------------------------------------
 
 
-def load_task(path: Path) -> Task:
+def load_task(path: Path | Traversable) -> Task:
     try:
         raw = path.read_bytes()
         data = yaml.safe_load(raw)
@@ -267,8 +269,9 @@ def load_task(path: Path) -> Task:
         error = exc.errors(include_url=False)[0]
         where = ".".join(str(part) for part in error["loc"]) or "file"
         raise TaskFileError(f"{path}: {where}: {error['msg']}") from None
-    if body.name != path.stem:
-        raise TaskFileError(f"{path}: name {body.name!r} must equal the file name {path.stem!r}")
+    stem = path.name.removesuffix(TASK_SUFFIX)
+    if body.name != stem:
+        raise TaskFileError(f"{path}: name {body.name!r} must equal the file name {stem!r}")
     questions = body.request.get("questions")
     if not {"state", "questions"} <= set(body.request) <= {"state", "questions", "images"} or not questions:
         raise TaskFileError(f"{path}: request needs a state, a non-empty questions object and optionally images")
@@ -279,10 +282,12 @@ def load_task(path: Path) -> Task:
     return Task(body=body, path=path, sha256=hashlib.sha256(raw).hexdigest())
 
 
-def load_tasks(folder: Path = TASKS_DIR, names: list[str] | None = None) -> list[Task]:
-    """Every task file of `folder` (sorted by name) except optional ones, or only `names`; unknown names fail
-    listing the known ones."""
-    paths = sorted(Path(folder).glob("*.yaml"))
+def load_tasks(folder: Path | Traversable | None = None, names: list[str] | None = None) -> list[Task]:
+    """Every task file of `folder` (default: the shipped `eval/tasks/`, sorted by name) except optional ones, or
+    only `names`; unknown names fail listing the known ones."""
+    folder = shipped.tasks() if folder is None else folder
+    files = folder.iterdir() if folder.is_dir() else []
+    paths = sorted((p for p in files if p.name.endswith(TASK_SUFFIX) and p.is_file()), key=lambda p: p.name)
     if not paths:
         raise TaskFileError(f"no task files (*.yaml) in {folder}")
     tasks = [load_task(path) for path in paths]

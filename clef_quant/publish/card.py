@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clef_quant import shipped
 from clef_quant.bench.throughput_report import ThroughputResult, report_facts, results_table
 from clef_quant.publish import folder_facts
 from clef_quant.publish.errors import PublishError
@@ -27,7 +28,6 @@ from clef_quant.publish.folder import (
     ASSETS_DIR,
     CARD_FILE,
     CARD_SECTION,
-    REPO_ROOT,
     copy_trees,
     install_card_files,
     is_card_owned,
@@ -52,7 +52,6 @@ from clef_vllm.head_files import HEAD_SUBDIR
 if TYPE_CHECKING:
     import jinja2
 
-TEMPLATES_DIR = REPO_ROOT / "model_cards"
 TEMPLATE = "quantized.md.j2"
 BASE_TAGS = ("clef", "systemone", "compressed-tensors", "llm-compressor", "vllm")
 REQUIRED_FRONT_MATTER = ("license", "base_model", "base_model_relation", "library_name", "tags")
@@ -258,7 +257,7 @@ def card_environment() -> jinja2.Environment:
     import jinja2
 
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        loader=jinja2.FunctionLoader(_shipped_template),
         undefined=jinja2.StrictUndefined,  # a missing fact is a bug, never an empty cell
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -271,6 +270,12 @@ def card_environment() -> jinja2.Environment:
     env.filters["pct"] = lambda v: f"{100 * v:.1f}%"
     env.filters["plural"] = lambda n, word: f"{n:,} {word}" + ("" if n == 1 else "s")
     return env
+
+
+def _shipped_template(name: str) -> str | None:
+    """A template of the shipped `model_cards/` folder; None (jinja2's "not found") when there is none."""
+    template = shipped.model_cards().joinpath(name)
+    return template.read_text(encoding="utf-8") if template.is_file() else None
 
 
 def check_card_text(text: str) -> None:

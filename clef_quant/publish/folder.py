@@ -22,16 +22,22 @@ import shutil
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from clef_quant import shipped
 from clef_quant.publish.errors import PublishError
 from clef_quant.quantize.manifest import MANIFEST_FILE, FileProblem, hash_files, read_manifest, verify_manifest
 
 CARD_FILE = "README.md"
 ASSETS_DIR = "assets"
 # Trees of this repository that travel with every release, so it serves (clef-vllm) and reproduces (scripts) alone.
-COPIED_TREES = ("vllm_plugin", "scripts")
+# Both are copied from clef-quant's shipped data (see clef_quant/shipped.py), which a wheel carries too. The plugin's
+# source tree is shipped whole rather than taken from the installed `clef_vllm` package: the release's
+# `vllm_plugin/` must be installable on its own (`pip install ./vllm_plugin` needs its pyproject.toml and README),
+# and an installed package has neither; the shipped tree is also the one built together with this clef-quant.
+COPIED_TREES = (shipped.VLLM_PLUGIN, shipped.SCRIPTS)
 OWNED_PATHS = (CARD_FILE, ASSETS_DIR, *COPIED_TREES)
 CARD_SECTION = "card"
 STAGING_SUFFIX = ".card.partial"
@@ -39,8 +45,6 @@ STAGING_SUFFIX = ".card.partial"
 # Never part of a copied tree: build and cache leftovers that differ from machine to machine.
 _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", "build", "dist"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".egg-info")
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def is_card_owned(name: str) -> bool:
@@ -73,21 +77,18 @@ def tree_files(root: Path) -> list[str]:
     return sorted(found)
 
 
-def copy_trees(staging: Path, repo_root: Path = REPO_ROOT, trees: Iterable[str] = COPIED_TREES) -> list[str]:
-    """Copy each tree of this repository into `staging`; returns the copied files (staging-relative)."""
+def copy_trees(staging: Path, trees: Iterable[str] = COPIED_TREES) -> list[str]:
+    """Copy each shipped tree into `staging`; returns the copied files (staging-relative)."""
     copied = []
     for tree in trees:
-        source = repo_root / tree
-        if not source.is_dir():
-            raise PublishError(
-                f"cannot find {tree}/ in {repo_root}: card copies it from a clef-quant checkout "
-                "(an installed wheel does not carry it)"
-            )
-        for name in tree_files(source):
-            target = staging / tree / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source / name, target)
-            copied.append(f"{tree}/{name}")
+        with resources.as_file(shipped.folder(tree)) as source:
+            if not source.is_dir():
+                raise PublishError(f"cannot find {tree}/ in clef-quant's shipped data ({source}): reinstall clef-quant")
+            for name in tree_files(source):
+                target = staging / tree / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source / name, target)
+                copied.append(f"{tree}/{name}")
     return copied
 
 

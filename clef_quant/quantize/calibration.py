@@ -16,9 +16,11 @@ import hashlib
 import json
 import random
 from dataclasses import asdict, dataclass, field
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
+from clef_quant import shipped
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.progress import ENCODING, NoProgress, Progress
 from clef_vllm.encoding import Tokenizer, encode_request
@@ -26,7 +28,7 @@ from clef_vllm.errors import RequestError, SchemaTooLongError
 from clef_vllm.request import parse_request
 
 # Shipped synthetic requests so the tiny flow runs offline; real data comes from the eval data builder.
-DEFAULT_CALIBRATION_FILE = Path(__file__).resolve().parents[2] / "eval" / "calibration" / "default.jsonl"
+DEFAULT_CALIBRATION_FILE = shipped.calibration_file()
 DEFAULT_RECORDS = 512
 DEFAULT_MAX_SEQ_LEN = 2048
 SAMPLE_SEED = 0  # the records drawn from a larger file are the same on every run
@@ -63,7 +65,7 @@ class CalibrationSet:
     summary: CalibrationSummary
 
 
-def read_request_bodies(path: Path) -> list[dict[str, Any]]:
+def read_request_bodies(path: Path | Traversable) -> list[dict[str, Any]]:
     """The request bodies of a JSONL file; every broken line is reported at once, as one line."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -118,7 +120,7 @@ def build_calibration(
     if max_seq_len < 1:
         raise QuantizeError("--max-seq-len must be at least 1")
     progress = progress or NoProgress()
-    path = Path(file) if file is not None else DEFAULT_CALIBRATION_FILE
+    path: Path | Traversable = Path(file) if file is not None else DEFAULT_CALIBRATION_FILE
     bodies = read_request_bodies(path)
     chosen = [bodies[i] for i in draw(len(bodies), records)]
 
@@ -144,7 +146,7 @@ def build_calibration(
         reasons = ", ".join(f"{n} {why}" for why, n in skipped.items())
         raise QuantizeError(f"no usable calibration record in {path} ({reasons})")
 
-    source = str(file) if file is not None else f"default:{_display_path(path)}"
+    source = str(file) if file is not None else f"default:{shipped.display(path)}"
     summary = CalibrationSummary(
         source=source,
         sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
@@ -170,11 +172,3 @@ def as_dataloader(calibration: CalibrationSet) -> Any:
 
     # batch_size=None: each item is already a batch of one; no padding ever enters the model.
     return DataLoader(calibration.input_ids, batch_size=None, shuffle=False, collate_fn=one_record)
-
-
-def _display_path(path: Path) -> str:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        return str(path.resolve().relative_to(root))
-    except ValueError:
-        return str(path)

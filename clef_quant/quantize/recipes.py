@@ -1,4 +1,5 @@
-"""Recipes are data: llm-compressor recipe YAML files in `recipes/`, one per scheme, plus any user file.
+"""Recipes are data: llm-compressor recipe YAML files in `recipes/` (shipped with clef-quant), one per scheme, plus
+any user file.
 
 A recipe may hold `{{ name }}` placeholders for facts that differ per checkpoint (the hybrid recipe splits the
 decoder layers in two halves). They are filled from the checkpoint's `config.json` before llm-compressor reads
@@ -9,17 +10,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from clef_quant import shipped
 from clef_quant.quantize.errors import QuantizeError
 
-# The repository's `recipes/` folder (the toolkit runs from a checkout, like `eval/`).
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
-
-# Scheme name on the command line -> recipe file in RECIPES_DIR.
+# Scheme name on the command line -> recipe file in the shipped `recipes/` folder.
 SCHEMES: dict[str, str] = {
     "fp8-dynamic": "fp8_dynamic.yaml",
     "nvfp4": "nvfp4.yaml",
@@ -50,7 +50,7 @@ class Recipe:
     """A recipe ready for llm-compressor: where it came from, the file as written and the filled text."""
 
     scheme: str  # a SCHEMES key, or CUSTOM_SCHEME for a user recipe
-    path: Path
+    path: Path | Traversable  # a user file, or the shipped recipe of the scheme
     template: str
     text: str
     variables: dict[str, Any]  # placeholder values used to fill it
@@ -101,10 +101,10 @@ def fill(template: str, variables: dict[str, Any]) -> str:
     return _PLACEHOLDER.sub(lambda m: str(variables[m.group(1)]), template)
 
 
-def scheme_recipe_path(scheme: str) -> Path:
+def scheme_recipe_path(scheme: str) -> Traversable:
     if scheme not in SCHEMES:
         raise QuantizeError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
-    return RECIPES_DIR / SCHEMES[scheme]
+    return shipped.recipes().joinpath(SCHEMES[scheme])
 
 
 def load_recipe(scheme: str | None, recipe_file: Path | None, config: dict[str, Any]) -> Recipe:
@@ -113,7 +113,7 @@ def load_recipe(scheme: str | None, recipe_file: Path | None, config: dict[str, 
         raise QuantizeError("give --scheme or --recipe")
     if scheme is not None and scheme not in SCHEMES:
         raise QuantizeError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
-    path = Path(recipe_file) if recipe_file is not None else scheme_recipe_path(scheme or "")
+    path: Path | Traversable = Path(recipe_file) if recipe_file is not None else scheme_recipe_path(scheme or "")
     try:
         template = path.read_text(encoding="utf-8")
     except OSError as exc:

@@ -30,6 +30,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -235,7 +236,9 @@ def _check(config: ScanConfig) -> tuple[Path, dict[str, Any], list[dict], list[d
         raise QuantizeError(f"{source_dir} is already quantized; scan the bf16 release")
     for scheme in config.schemes:
         load_recipe(scheme, None, source_config)
-    path = Path(config.calibration_file) if config.calibration_file is not None else DEFAULT_CALIBRATION_FILE
+    path: Path | Traversable = (
+        Path(config.calibration_file) if config.calibration_file is not None else DEFAULT_CALIBRATION_FILE
+    )
     bodies = [b for b in read_request_bodies(path) if not (b.get("images") or b.get("videos"))]
     if len(bodies) <= config.heldout:
         raise QuantizeError(
