@@ -24,6 +24,12 @@ from clef_vllm.server.error_shape import RETRY_AFTER_SECONDS, error_body
 logger = logging.getLogger("clef_vllm.server")
 
 
+# How long a connection cut off with an error keeps reading (and dropping) what its client still sends. Closing
+# a socket with unread input makes the kernel answer with a reset, which can destroy the error response in the
+# client's receive buffer before the client reads it; a half-close first lets the response arrive intact.
+LINGER_SECONDS = 2.0
+
+
 @dataclass(frozen=True)
 class ConnectionLimits:
     header_timeout: float = 10.0
@@ -46,6 +52,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
     class GuardedH11Protocol(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
         _phase: str | None = None
+        _lingering = False
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -60,11 +67,13 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
                         f"retry-after: {RETRY_AFTER_SECONDS}\r\n",
                     )
                 )
-                transport.close()
+                self._close_lingering()
                 return
             self._arm("headers", limits.header_timeout)
 
         def data_received(self, data: bytes) -> None:
+            if self._lingering:
+                return  # the answer was sent and the connection is closing: drop the rest
             super().data_received(data)
             self._follow_state()
 
@@ -116,6 +125,16 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
             if cycle is not None and not cycle.response_complete:
                 cycle.disconnected = True  # the application's receive() now reports a disconnect
                 cycle.message_event.set()
-            self.transport.close()
+            self._close_lingering()
+
+        def _close_lingering(self) -> None:
+            self._disarm()
+            self._lingering = True
+            if not self.transport.can_write_eof():
+                self.transport.close()
+                return
+            self.transport.write_eof()  # the client reads the answer, then end of stream
+            self.transport.resume_reading()
+            self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
     return GuardedH11Protocol
