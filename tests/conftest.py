@@ -16,6 +16,22 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny(tmp_path_factory.mktemp("release") / "tiny", size="tiny", seed=0)
 
 
+@pytest.fixture(scope="session")
+def tokenizer(tiny_dir: Path):
+    """The tiny release's tokenizer, loaded once. Treat it as read-only."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+@pytest.fixture(scope="session")
+def processor(tiny_dir: Path):
+    """The tiny release's processor (images and videos), loaded once. Treat it as read-only."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(tiny_dir)
+
+
 # -- quantized tiny releases (clef-quant quantize); shared by the quantize, vLLM plugin and eval tests ----------
 
 QUANTIZE_TEST_RECORDS = 4  # drawn from the shipped eval/calibration/default.jsonl (NVFP4 family only)

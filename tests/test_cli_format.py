@@ -51,12 +51,6 @@ def cli_app():
     return app
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_dir)
-
 
 def write(tmp_path: Path, request, name="request.json") -> str:
     path = tmp_path / name

@@ -124,18 +124,6 @@ def encode(tokenizer, request_body, **kwargs):
     return encode_request(parse_request(request_body), tokenizer, **kwargs)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def processor(tiny_dir):
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(tiny_dir)
 
 
 # --- render ------------------------------------------------------------------------------------------------

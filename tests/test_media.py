@@ -40,18 +40,6 @@ def body(state="look", questions=None, **media):
     return {"model": "clef-test", "state": state, "questions": questions or QUESTIONS, **media}
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def processor(tiny_dir):
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(tiny_dir)
 
 
 def pil(raw: bytes):

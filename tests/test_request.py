@@ -167,18 +167,6 @@ def png_base64() -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def processor(tiny_dir):
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(tiny_dir)
 
 
 @pytest.mark.parametrize(

@@ -61,12 +61,6 @@ def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
             process.wait()
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_dir: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_dir)
-
 
 def post(url: str, body: Any, timeout: float = 300) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body)

@@ -15,13 +15,6 @@ from clef_vllm.request import parse_request
 from clef_vllm.state_cut import cut_state
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_dir)
-
-
 def whole_ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer([text], add_special_tokens=False)["input_ids"][0])
 

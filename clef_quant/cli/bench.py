@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
+from clef_quant.cli._output import results_console
 
 app = typer.Typer(
     help="Measure parts of the stack; each command writes a markdown report.\n\n"
@@ -94,7 +95,7 @@ def head(
             f"{row.fast_diff:.2e}",
             f"{row.fast_loop_diff:.2e}",
         )
-    Console().print(table)
+    results_console().print(table)
     if result.step is not None:
         typer.echo(
             f"{result.step.records} records, one call each: vectorized {result.step.vectorized_ms:.2f} ms, "
@@ -231,7 +232,7 @@ def throughput(
     for row in result.rows:
         ratio = row.records_per_s / result.rows[0].records_per_s
         table.add_row(row.side, f"{row.records_per_s:.2f}", f"{row.tokens_per_s:.0f}", f"{ratio:.2f}x")
-    Console().print(table)
+    results_console().print(table)
     typer.echo(f"wrote {' and '.join(map(str, written))}")
 
 
@@ -313,5 +314,5 @@ def quantize(
             f"{row.seconds:.1f}",
             f"{row.calibration_seconds:.1f}",
         )
-    Console().print(table)
+    results_console().print(table)
     typer.echo(f"wrote {out}")

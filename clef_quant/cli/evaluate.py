@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
+from clef_quant.cli._output import results_console
 from clef_quant.cli._progress import RichProgress
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH
 
@@ -95,7 +96,7 @@ def build_data(
             entry["calibration"]["split"],
             str(entry["calibration"]["records"]),
         )
-    Console().print(table)
+    results_console().print(table)
 
 
 def _warn_rejected(sides: Any) -> None:
@@ -175,7 +176,7 @@ def evaluate(
     with RichProgress(Console(file=sys.stderr)) as progress:
         run = run_eval(config, engines=engines, progress=progress, data=records)
     paths = write_results(run.results, out)
-    _print_summary(Console(), run.results)
+    _print_summary(results_console(), run.results)
     typer.echo(f"records scored {run.scored}, reused {run.reused}")
     _warn_rejected(run.sides)
     typer.echo("wrote " + ", ".join(str(p) for p in paths))

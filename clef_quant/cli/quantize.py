@@ -18,6 +18,7 @@ from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import RevisionOption
+from clef_quant.cli._output import results_console
 from clef_quant.cli._progress import RichProgress
 from clef_quant.quantize.recipes import SCHEMES
 from clef_vllm.errors import ClefError
@@ -130,7 +131,7 @@ def quantize(
         raise typer.Exit(128 + exc.signum) from None
     for warning in result.warnings:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
-    _print_summary(Console(), result)
+    _print_summary(results_console(), result)
 
 
 @user_errors
@@ -159,7 +160,7 @@ def inspect_checkpoint(
         for violation in report.violations:  # nothing else was read
             typer.secho(f"error: {violation.subject}: {violation.message}", fg=typer.colors.RED, err=True)
     else:
-        _print_report(Console(), report)
+        _print_report(results_console(), report)
     if not report.ok:
         raise typer.Exit(1)
 

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import RevisionOption
+from clef_quant.cli._output import results_console
 from clef_quant.cli._progress import RichProgress
 from clef_quant.cli.quantize import QUIET_ENV, _tools_output
 from clef_quant.quantize.scan import (
@@ -98,7 +99,7 @@ def scan(
             f"{row.flips}/{row.questions}",
             f"{row.bytes_saved / 1e6:.3f}",
         )
-    Console().print(table)
+    results_console().print(table)
     if outcome.resumed:
         typer.echo(f"resumed: {outcome.resumed} unit(s) from an earlier run")
     typer.echo("wrote " + ", ".join(str(p) for p in outcome.files))
