@@ -22,6 +22,7 @@ from typing import Any
 
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.recipes import KEEP_BF16, Recipe
+from clef_quant.quantize.release_files import backbone_bytes
 from clef_quant.quantize.scan import GROUPS, ScanFile, config_sha256, read_scan
 
 AUTO_SCHEME = "auto"
@@ -195,8 +196,6 @@ def load_auto_recipe(
     max_size_gb: float | None,
 ) -> Recipe:
     """The auto recipe for this checkpoint, refusing a scan of another one."""
-    from clef_quant.quantize.run import backbone_bytes
-
     del source_config  # the scan must match config.json byte for byte; checked by hash below
     scan_file = read_scan(Path(scan_path))
     if scan_file.config_sha256 != config_sha256(source_dir):

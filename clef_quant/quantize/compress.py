@@ -1,0 +1,107 @@
+"""The model side of `quantize`: load the bf16 backbone and run llm-compressor's `oneshot` over it.
+
+`oneshot` runs with the qkv/z pair added to its fused-scale groups and with the CPU workarounds of `cpu_compat`;
+progress and the "calibrating" stage come from hooks on the decoder layers, since `oneshot` reports neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from clef_quant.quantize import progress as tasks
+from clef_quant.quantize.cpu_compat import no_pinned_memory_without_accelerator, one_rank_is_not_distributed
+from clef_quant.quantize.errors import QuantizeError
+from clef_quant.quantize.fused_scales import fused_global_scales
+from clef_quant.quantize.progress import Progress
+
+
+def load_tokenizer(source_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source_dir)
+
+
+def load_model(source_dir: Path, source_config: dict[str, Any], device: str) -> Any:
+    """The backbone class `config.json` names, in bf16, on `device`, in eval mode."""
+    import torch
+    import transformers
+
+    architectures = source_config.get("architectures") or []
+    model_class = getattr(transformers, architectures[0], None) if architectures else None
+    if model_class is None:
+        raise QuantizeError(f"config.json names no transformers architecture ({architectures or 'none'})")
+    # The release is bf16 and serving runs bf16; the GPU path loads straight onto the device, as plain
+    # llm-compressor does, so FP8_DYNAMIC computes its scales there.
+    model = model_class.from_pretrained(
+        source_dir, dtype=torch.bfloat16, device_map=device if device != "cpu" else None
+    )
+    model.eval()
+    return model
+
+
+def _decoder_layers(model: Any) -> Any:
+    for path in ("model.language_model.layers", "model.layers"):
+        try:
+            return model.get_submodule(path)
+        except AttributeError:
+            continue
+    return None
+
+
+def _first_linear(layer: Any) -> Any:
+    import torch
+
+    return next((m for m in layer.modules() if isinstance(m, torch.nn.Linear)), None)
+
+
+def run_oneshot(
+    model: Any,
+    recipe_obj: Any,
+    dataloader: Any,
+    tokenizer: Any,
+    progress: Progress,
+    on_stage: Callable[[str], None],
+) -> None:
+    """Quantize `model` in place with `recipe_obj`, calibrating on `dataloader` when the recipe needs it."""
+    from llmcompressor import oneshot
+
+    layers = _decoder_layers(model)
+    total = len(layers) if layers is not None else None
+    progress.start(tasks.CALIBRATING, total)
+    handles = []
+    if layers is not None and dataloader is not None:
+        reached = [0]
+
+        # Sequential calibration runs the decoder layers one after another over all records; the first call
+        # into layer i means the layers before it are done. The hook sits on a Linear inside each layer
+        # because llm-compressor traces through the layers themselves, while Linear modules stay leaf calls.
+        def on_layer(index: int) -> Any:
+            def hook(_module: Any, _args: Any) -> None:
+                if index == 0 and reached[0] == 0:
+                    on_stage("calibrating")
+                if index > reached[0]:
+                    progress.advance(tasks.CALIBRATING, index - reached[0])
+                    reached[0] = index
+
+            return hook
+
+        handles = [
+            _first_linear(layer).register_forward_pre_hook(on_layer(i))
+            for i, layer in enumerate(layers)
+            if _first_linear(layer) is not None
+        ]
+    kwargs: dict[str, Any] = {}
+    if layers is not None and len(layers) > 0:
+        kwargs["sequential_targets"] = [type(layers[0]).__name__]
+    if dataloader is not None:
+        # A DataLoader of token ids skips llm-compressor's tokenization; it still wants the processor.
+        kwargs.update(dataset=dataloader, processor=tokenizer)
+    try:
+        with fused_global_scales(), no_pinned_memory_without_accelerator(), one_rank_is_not_distributed():
+            oneshot(model=model, recipe=recipe_obj, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    progress.finish(tasks.CALIBRATING)

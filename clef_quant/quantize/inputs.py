@@ -1,0 +1,74 @@
+"""What `quantize` checks before any model loads: the source, the scheme or recipe, the output folder, the
+head, the calibration file and the device, so input to fix fails in seconds rather than after a 20 GB load."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clef_quant.quantize.auto import AUTO_SCHEME, load_auto_recipe
+from clef_quant.quantize.calibration import read_request_bodies
+from clef_quant.quantize.errors import QuantizeError
+from clef_quant.quantize.recipes import Recipe, load_recipe
+from clef_quant.release import resolve_release
+from clef_vllm.head_files import find_head_dir
+
+if TYPE_CHECKING:  # run.py imports this module; the config class is only needed for annotations
+    from clef_quant.quantize.run import QuantizeConfig
+
+
+@dataclass(frozen=True)
+class CheckedInputs:
+    source_dir: Path
+    source_config: dict[str, Any]
+    recipe: Recipe
+    head_dir: Path
+
+
+def check_inputs(config: QuantizeConfig) -> CheckedInputs:
+    """Everything that can be wrong before the model loads, checked in one go (cheapest first)."""
+    out = Path(config.out).expanduser().absolute()
+    if out.exists() and not config.overwrite:
+        raise QuantizeError(f"{out} already exists; pass --overwrite to replace it")
+    if out.exists() and not out.is_dir():
+        raise QuantizeError(f"{out} exists and is not a folder")
+    source_dir = resolve_release(config.source, config.revision).absolute()
+    if out.resolve() == source_dir.resolve() or out.resolve() in source_dir.resolve().parents:
+        raise QuantizeError(f"--out {out} would replace the source {source_dir}")
+    try:
+        source_config = json.loads((source_dir / "config.json").read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise QuantizeError(f"{source_dir / 'config.json'} is not valid JSON: {exc.msg}") from None
+    if source_config.get("quantization_config"):
+        raise QuantizeError(f"{source_dir} is already quantized; quantize the bf16 release")
+    if config.scheme == AUTO_SCHEME:
+        if config.scan_file is None:
+            raise QuantizeError("--scheme auto needs --scan SCAN.json (from clef-quant scan)")
+        recipe = load_auto_recipe(
+            config.scan_file, source_dir, source_config, max_kl=config.max_kl, max_size_gb=config.max_size_gb
+        )
+    else:
+        recipe = load_recipe(config.scheme, config.recipe_file, source_config)
+    head_dir = find_head_dir(source_dir)
+    if config.calibration_file is not None:
+        read_request_bodies(Path(config.calibration_file))  # a broken file fails now, not after loading
+    if config.calibration_records is not None and config.calibration_records < 1:
+        raise QuantizeError("--calibration-records must be at least 1")
+    if config.max_seq_len < 1:
+        raise QuantizeError("--max-seq-len must be at least 1")
+    return CheckedInputs(source_dir, source_config, recipe, head_dir)
+
+
+def check_device(device: str) -> str:
+    """`device` if this machine can run it; torch is imported only for a CUDA device."""
+    if device == "cpu":
+        return device
+    if device == "cuda" or device.startswith("cuda:"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise QuantizeError("--device cuda but no CUDA GPU is available")
+        return device
+    raise QuantizeError(f"--device must be cpu or cuda, not {device}")
