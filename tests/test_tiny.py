@@ -192,7 +192,7 @@ def test_failed_build_leaves_nothing_behind(tmp_path: Path, monkeypatch, error: 
     def fail(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(build_module, "_write_head", fail)
+    monkeypatch.setattr(build_module, "write_head", fail)
     with pytest.raises(type(error)):
         make_tiny(tmp_path / "tiny")
     assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,92 @@
+"""What `make_tiny` refuses before building anything: a bad size, seed or device, a folder in the way, or too
+little host memory, device memory or disk; every problem reported at once."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from clef_quant.tiny.backbone_config import backbone_config, meta_model, placeholder_ids
+from clef_quant.tiny.sizes import SIZES, Size
+from clef_quant.tiny.weights import plan_shards
+from clef_vllm.errors import ClefError
+
+# Room left besides the shard being written, in host memory and on disk.
+_MARGIN_BYTES = 1 << 30
+
+
+class TinyBuildError(ClefError):
+    """A make-tiny request that cannot be carried out (bad size, device, existing folder, too little memory)."""
+
+
+def check_request(out_dir: Path, size: str, seed: int, device: str, overwrite: bool) -> Size:
+    """Everything that can be known to fail before the build, all reported at once."""
+    problems: list[str] = []
+    spec = SIZES.get(size)
+    if spec is None:
+        problems.append(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
+    if not 0 <= seed < 2**63:
+        problems.append(f"seed must be between 0 and 2**63 - 1, not {seed}")
+    if device != "cpu" and device != "cuda" and not device.startswith("cuda:"):
+        problems.append(f"device must be cpu or cuda, not {device!r}")
+    elif device.startswith("cuda") and not torch.cuda.is_available():
+        problems.append(f"device {device} asked for, but torch sees no CUDA device")
+    if out_dir.exists():
+        if not overwrite:
+            problems.append(f"{out_dir} already exists; pass --overwrite to replace it")
+        elif out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "config.json").is_file():
+            # Guard against `--overwrite` pointed at the wrong folder: only replace something that looks like
+            # a checkpoint.
+            problems.append(f"{out_dir} is not a checkpoint folder (no config.json); refusing to replace it")
+    if spec is not None and not problems:
+        problems.extend(_resource_problems(out_dir, spec, device))
+    if problems:
+        raise TinyBuildError("; ".join(problems))
+    assert spec is not None
+    return spec
+
+
+def _resource_problems(out_dir: Path, spec: Size, device: str) -> list[str]:
+    model = meta_model(backbone_config(spec, placeholder_ids(spec)))
+    shards = plan_shards(list(model.named_parameters()), spec.max_shard_bytes)
+    total = sum(shard.num_bytes for shard in shards)
+    largest = max(shard.num_bytes for shard in shards)
+    problems = []
+    # One shard lives on the device while it is drawn and again in host memory while it is written (safetensors
+    # serializes it whole); on the CPU both copies are in host memory.
+    host_needed = largest * (2 if device == "cpu" else 1) + _MARGIN_BYTES
+    host_free = _available_host_memory()
+    if host_free is not None and host_free < host_needed:
+        hint = " (build the flash size on a GPU: --device cuda)" if device == "cpu" else ""
+        problems.append(
+            f"size {spec.name} needs about {_gib(host_needed)} of free memory on the host, "
+            f"{_gib(host_free)} is available{hint}"
+        )
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        if free < largest + _MARGIN_BYTES:
+            problems.append(f"size {spec.name} needs about {_gib(largest + _MARGIN_BYTES)} free on {device}")
+    existing = out_dir.parent
+    while not existing.exists():
+        existing = existing.parent
+    disk_free = shutil.disk_usage(existing).free
+    if disk_free < total + _MARGIN_BYTES:
+        problems.append(f"size {spec.name} writes {_gib(total)}; {existing} has {_gib(disk_free)} free")
+    return problems
+
+
+def _available_host_memory() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.1f} GiB"
