@@ -23,7 +23,7 @@ from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, draw
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inspect import inspect_checkpoint
 from clef_quant.quantize.recipes import SCHEMES, is_kept_bf16
-from clef_quant.quantize.scan import SCAN_CSV, SCAN_JSON, SCAN_MD, SCAN_PNG, ScanFile, ScanSettings, UnitResult
+from clef_quant.quantize.scan_file import SCAN_CSV, SCAN_JSON, SCAN_MD, SCAN_PNG, ScanFile, ScanSettings, UnitResult
 
 RECORDS = 4
 MAX_SEQ_LEN = 512

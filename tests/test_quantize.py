@@ -26,7 +26,8 @@ from clef_quant.quantize.calibration import (
 from clef_quant.quantize.contents import PASSENGER_FILES
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.fused_scales import QKVZ_GROUP, fused_global_scales
-from clef_quant.quantize.inspect import CHECK_FUSED, CHECK_HEAD, CHECK_KEEP, CHECK_MANIFEST, inspect_checkpoint
+from clef_quant.quantize.inspect import inspect_checkpoint
+from clef_quant.quantize.inspect_report import CHECK_FUSED, CHECK_HEAD, CHECK_KEEP, CHECK_MANIFEST
 from clef_quant.quantize.manifest import MANIFEST_FILE, TOOL_DISTRIBUTIONS, sha256_file, verify_manifest
 from clef_quant.quantize.recipes import SCHEMES, fill, is_kept_bf16, layer_variables, load_recipe, matches_target
 

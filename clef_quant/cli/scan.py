@@ -68,8 +68,9 @@ def scan(
     if not verbose:
         for key, value in QUIET_ENV.items():
             os.environ.setdefault(key, value)
-    from clef_quant.quantize.scan import ScanConfig, scan_frame
+    from clef_quant.quantize.scan import ScanConfig
     from clef_quant.quantize.scan import scan as run_scan
+    from clef_quant.quantize.scan_report import scan_frame
 
     config = ScanConfig(
         source=source,

@@ -102,7 +102,8 @@ class CardResult:
 
 def write_card(config: CardConfig) -> CardResult:
     """Write DIR/README.md, DIR/assets/*.png, DIR/vllm_plugin/ and DIR/scripts/, and add them to the manifest."""
-    from clef_quant.quantize.inspect import CHECK_MANIFEST, inspect_checkpoint
+    from clef_quant.quantize.inspect import inspect_checkpoint
+    from clef_quant.quantize.inspect_report import CHECK_MANIFEST
 
     folder = Path(config.folder)
     if not folder.is_dir():

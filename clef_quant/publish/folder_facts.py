@@ -97,7 +97,7 @@ def layer_ranges(names: Iterable[str]) -> str:
 
 def other_tensors(folder: Path, report: Any) -> list[dict[str, Any]]:
     """The backbone's non-Linear tensors by group (embeddings, norms, ...), with their stored dtypes."""
-    from clef_quant.quantize.inspect import read_tensor_index
+    from clef_quant.quantize.stored_tensors import read_tensor_index
 
     linear = {m.name for m in report.modules}
     groups: dict[str, dict[str, Any]] = {}

@@ -23,7 +23,7 @@ from typing import Any
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.recipes import KEEP_BF16, Recipe
 from clef_quant.quantize.release_files import backbone_bytes
-from clef_quant.quantize.scan import GROUPS, ScanFile, config_sha256, read_scan
+from clef_quant.quantize.scan_file import GROUPS, ScanFile, config_sha256, read_scan
 
 AUTO_SCHEME = "auto"
 NVFP4, FP8, BF16 = "NVFP4", "FP8_DYNAMIC", "bf16"

@@ -27,32 +27,30 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, DEFAULT_MAX_SEQ_LEN, draw, read_request_bodies
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.progress import NoProgress, Progress
 from clef_quant.quantize.recipes import load_recipe
+from clef_quant.quantize.scan_file import (
+    GROUPS,
+    SCAN_FORMAT,
+    SCAN_JSON,
+    ScanFile,
+    ScanSettings,
+    UnitResult,
+    config_sha256,
+    read_scan,
+    write_scan,
+)
+from clef_quant.quantize.scan_report import write_reports
 from clef_quant.release import resolve_release
 
-SCAN_FORMAT = "clef-quant-scan/1"
-SCAN_JSON = "scan.json"
-SCAN_CSV = "scan.csv"
-SCAN_MD = "scan.md"
-SCAN_PNG = "scan.png"
-
-GROUPS: dict[str, tuple[str, ...]] = {
-    "deltanet": ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.out_proj"),
-    "attention": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"),
-    "mlp": ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
-}
 # Recipes whose modifiers change nothing but Linear weights and their quantization parameters: a unit can be
 # switched on alone. AWQ also rescales norms, and the hybrid is already a mix.
 SCANNABLE = ("nvfp4", "fp8-dynamic", "nvfp4-gptq", "nvfp4-mse", "nvfp4a16", "fp8-block", "w4a16")
@@ -63,56 +61,6 @@ BATCH = 4
 
 TASK_CALIBRATE = "calibrating"
 TASK_UNITS = "scanning units"
-
-
-class UnitResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    layer: int
-    group: str
-    scheme: str  # a SCHEMES key
-    modules: list[str]
-    params: int
-    bf16_bytes: int
-    stored_bytes: int
-    bytes_saved: int
-    kl_mean: float
-    kl_max: float
-    flips: int
-    questions: int
-    seconds: float
-
-
-class ScanSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    schemes: list[str]
-    calibration_sha256: str
-    calibration_records: int
-    heldout: int
-    max_seq_len: int
-
-
-class ScanFile(BaseModel):
-    """`scan.json`, validated when read back (resume, `quantize --scheme auto`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    format: str
-    source: str
-    config_sha256: str  # of the source's config.json: a scan belongs to one checkpoint shape
-    num_layers: int
-    layer_types: list[str]
-    settings: ScanSettings
-    device: str
-    units: list[UnitResult] = []
-    seconds: dict[str, float] = {}
-
-    def unit(self, layer: int, group: str, scheme: str) -> UnitResult | None:
-        return next(
-            (u for u in self.units if (u.layer, u.group, u.scheme) == (layer, group, scheme)),
-            None,
-        )
 
 
 @dataclass(frozen=True)
@@ -135,31 +83,6 @@ class ScanOutcome:
     files: list[Path]
     resumed: int  # units taken from an earlier run
     notes: list[str] = field(default_factory=list)
-
-
-def read_scan(path: Path) -> ScanFile:
-    """A scan.json, validated; a broken or foreign file is a one-line error."""
-    from pydantic import ValidationError
-
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise QuantizeError(f"cannot read scan file {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise QuantizeError(f"{path} is not valid JSON: {exc.msg}") from None
-    try:
-        scan = ScanFile.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise QuantizeError(f"{path} is not a clef-quant scan: {where}: {first['msg']}") from None
-    if scan.format != SCAN_FORMAT:
-        raise QuantizeError(f"{path} has format {scan.format!r}; this clef-quant reads {SCAN_FORMAT}")
-    return scan
-
-
-def config_sha256(source_dir: Path) -> str:
-    return hashlib.sha256((Path(source_dir) / "config.json").read_bytes()).hexdigest()
 
 
 def unit_modules(layer_prefix: str, layer: int, group: str) -> list[str]:
@@ -203,7 +126,7 @@ def scan(config: ScanConfig, progress: Progress | None = None) -> ScanOutcome:
             config, source_dir, source_config, bodies_calibration, bodies_heldout, todo, scan_file, out, progress
         )
     scan_file.seconds["last_run"] = round(time.perf_counter() - started, 3)
-    _write_json(out / SCAN_JSON, scan_file)
+    write_scan(out / SCAN_JSON, scan_file)
     files = [out / SCAN_JSON, *write_reports(scan_file, out)]
     return ScanOutcome(scan=scan_file, files=files, resumed=resumed)
 
@@ -357,7 +280,7 @@ def _run_units(
                     seconds=round(time.perf_counter() - unit_started, 3),
                 )
             )
-            _write_json(out / SCAN_JSON, scan_file)  # after every unit: an interrupted scan resumes here
+            write_scan(out / SCAN_JSON, scan_file)  # after every unit: an interrupted scan resumes here
             progress.advance(TASK_UNITS)
         del model
     progress.finish(TASK_UNITS)
@@ -464,87 +387,3 @@ def _compare(reference: list[list[Any]], candidate: list[list[Any]]) -> tuple[li
             kls.append(kl_divergence(p, q))
             flips += int(p.argmax() != q.argmax())
     return kls, flips
-
-
-def _write_json(path: Path, scan_file: ScanFile) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(scan_file.model_dump(), indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
-# -- reports --------------------------------------------------------------------------------------------------
-
-
-def scan_frame(scan_file: ScanFile) -> Any:
-    import pandas as pd
-
-    rows = [u.model_dump(exclude={"modules"}) | {"modules": len(u.modules)} for u in scan_file.units]
-    frame = pd.DataFrame(rows)
-    if frame.empty:
-        return frame
-    order = {g: i for i, g in enumerate(GROUPS)}
-    frame = frame.assign(_g=frame["group"].map(order)).sort_values(["scheme", "layer", "_g"]).drop(columns="_g")
-    frame["flip_rate"] = frame["flips"] / frame["questions"]
-    return frame.reset_index(drop=True)
-
-
-def write_reports(scan_file: ScanFile, out: Path) -> list[Path]:
-    frame = scan_frame(scan_file)
-    csv_path, md_path, png_path = out / SCAN_CSV, out / SCAN_MD, out / SCAN_PNG
-    frame.to_csv(csv_path, index=False)
-    md_path.write_text(render_markdown(scan_file, frame), encoding="utf-8")
-    plot_heatmap(frame, png_path, title=f"KL(bf16 || one unit quantized), {scan_file.source}")
-    return [csv_path, md_path, png_path]
-
-
-def render_markdown(scan_file: ScanFile, frame: Any) -> str:
-    lines = [
-        f"# Sensitivity scan of {scan_file.source}",
-        "",
-        f"{scan_file.settings.heldout} held-out records, {scan_file.settings.calibration_records} calibration "
-        f"records, device {scan_file.device}. KL: mean KL(bf16 || unit quantized) over every question; "
-        "flips: questions whose top-1 option changed.",
-        "",
-        "| layer | group | scheme | KL mean | KL max | flips | MB saved | seconds |",
-        "|---:|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for row in frame.itertuples():
-        lines.append(
-            f"| {row.layer} | {row.group} | {row.scheme} | {row.kl_mean:.3e} | {row.kl_max:.3e} | "
-            f"{row.flips}/{row.questions} | {row.bytes_saved / 1e6:.3f} | {row.seconds:.1f} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
-def plot_heatmap(frame: Any, path: Path, *, title: str) -> None:
-    """One panel per scheme: decoder layers down, groups across, colour = log10 of the mean KL."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    schemes = list(dict.fromkeys(frame["scheme"])) if not frame.empty else []
-    groups = list(GROUPS)
-    layers = sorted(set(frame["layer"])) if not frame.empty else []
-    fig, axes = plt.subplots(1, max(1, len(schemes)), figsize=(3.2 * max(1, len(schemes)) + 1, 0.35 * len(layers) + 2))
-    axes = np.atleast_1d(axes)
-    floor = 1e-8
-    values = frame["kl_mean"].clip(lower=floor) if not frame.empty else []
-    vmin = math.log10(min(values)) if len(values) else -8
-    vmax = math.log10(max(values)) if len(values) else 0
-    image = None
-    for ax, scheme in zip(axes, schemes, strict=False):
-        grid = np.full((len(layers), len(groups)), np.nan)
-        for row in frame[frame["scheme"] == scheme].itertuples():
-            grid[layers.index(row.layer), groups.index(row.group)] = math.log10(max(row.kl_mean, floor))
-        image = ax.imshow(grid, aspect="auto", cmap="viridis", vmin=vmin, vmax=max(vmax, vmin + 1e-6))
-        ax.set_xticks(range(len(groups)), groups)
-        ax.set_yticks(range(len(layers)), [str(layer) for layer in layers])
-        ax.set_title(scheme)
-        ax.set_ylabel("decoder layer")
-    if image is not None:
-        fig.colorbar(image, ax=list(axes), label="log10 mean KL")
-    fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

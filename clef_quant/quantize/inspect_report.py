@@ -1,0 +1,80 @@
+"""What `clef-quant inspect` finds in a folder: its Linear modules, each check's result and the violations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHECK_KEEP = "keep-list stays bf16"
+CHECK_FUSED = "fused groups share scheme and global scale"
+CHECK_CONSISTENT = "config matches stored tensors"
+CHECK_MANIFEST = "manifest hashes"
+CHECK_HEAD = "head files present"
+CHECK_CODE = "no code unless included on purpose"
+CHECK_COMPLETE = "finished release"
+
+SOURCE = "source"
+RELEASE = "release"
+UNFINISHED = "unfinished"
+
+
+@dataclass(frozen=True)
+class LinearInfo:
+    name: str
+    kind: str
+    shape: tuple[int, ...]  # (out_features, in_features) of the dense weight
+    scheme: str  # label from the config (FP8_DYNAMIC, NVFP4, ...) or "bf16"
+    stored: str  # what the tensors are: their dtype, or e.g. "fp4 packed + F8_E4M3 scales"
+    quantized: bool  # by the stored tensors
+
+    @property
+    def params(self) -> int:
+        total = 1
+        for dim in self.shape:
+            total *= dim
+        return total
+
+
+@dataclass(frozen=True)
+class Violation:
+    check: str
+    subject: str  # a module, layer or file name
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.subject}: {self.message}"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    status: str  # "pass", "fail" or "skipped"
+    detail: str
+
+
+@dataclass
+class InspectReport:
+    folder: Path
+    modules: list[LinearInfo]
+    checks: list[CheckResult]
+    violations: list[Violation]
+    notes: list[str] = field(default_factory=list)
+    quant_method: str | None = None
+    manifest: dict[str, Any] | None = None
+    kind: str = RELEASE  # RELEASE, SOURCE (a bf16 source release) or UNFINISHED (nothing but that was read)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def totals_by_kind(self) -> dict[str, dict[str, int]]:
+        """kind -> {scheme label: module count}, kinds in first-seen order."""
+        totals: dict[str, dict[str, int]] = {}
+        for module in self.modules:
+            counts = totals.setdefault(module.kind, {})
+            counts[module.scheme] = counts.get(module.scheme, 0) + 1
+        return totals
+
+    def module(self, name: str) -> LinearInfo:
+        return next(m for m in self.modules if m.name == name)

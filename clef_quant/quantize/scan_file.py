@@ -1,0 +1,111 @@
+"""`scan.json`: the file a sensitivity scan writes and `quantize --scheme auto` reads.
+
+One `UnitResult` per (layer, group, scheme); `ScanSettings` are what must match for a rerun to resume an earlier
+file; `config_sha256` ties the file to one checkpoint shape.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from clef_quant.quantize.errors import QuantizeError
+
+SCAN_FORMAT = "clef-quant-scan/1"
+SCAN_JSON = "scan.json"
+SCAN_CSV = "scan.csv"
+SCAN_MD = "scan.md"
+SCAN_PNG = "scan.png"
+
+# A unit's `group` and the Linear leaves of one decoder layer it quantizes together (see `scan`).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "deltanet": ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.out_proj"),
+    "attention": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"),
+    "mlp": ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"),
+}
+
+
+class UnitResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    layer: int
+    group: str
+    scheme: str  # a SCHEMES key
+    modules: list[str]
+    params: int
+    bf16_bytes: int
+    stored_bytes: int
+    bytes_saved: int
+    kl_mean: float
+    kl_max: float
+    flips: int
+    questions: int
+    seconds: float
+
+
+class ScanSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schemes: list[str]
+    calibration_sha256: str
+    calibration_records: int
+    heldout: int
+    max_seq_len: int
+
+
+class ScanFile(BaseModel):
+    """`scan.json`, validated when read back (resume, `quantize --scheme auto`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: str
+    source: str
+    config_sha256: str  # of the source's config.json: a scan belongs to one checkpoint shape
+    num_layers: int
+    layer_types: list[str]
+    settings: ScanSettings
+    device: str
+    units: list[UnitResult] = []
+    seconds: dict[str, float] = {}
+
+    def unit(self, layer: int, group: str, scheme: str) -> UnitResult | None:
+        return next(
+            (u for u in self.units if (u.layer, u.group, u.scheme) == (layer, group, scheme)),
+            None,
+        )
+
+
+def read_scan(path: Path) -> ScanFile:
+    """A scan.json, validated; a broken or foreign file is a one-line error."""
+    from pydantic import ValidationError
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise QuantizeError(f"cannot read scan file {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise QuantizeError(f"{path} is not valid JSON: {exc.msg}") from None
+    try:
+        scan = ScanFile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise QuantizeError(f"{path} is not a clef-quant scan: {where}: {first['msg']}") from None
+    if scan.format != SCAN_FORMAT:
+        raise QuantizeError(f"{path} has format {scan.format!r}; this clef-quant reads {SCAN_FORMAT}")
+    return scan
+
+
+def config_sha256(source_dir: Path) -> str:
+    return hashlib.sha256((Path(source_dir) / "config.json").read_bytes()).hexdigest()
+
+
+def write_scan(path: Path, scan_file: ScanFile) -> None:
+    """Written through a temporary file and a rename: an interrupted scan never leaves a half file to resume from."""
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(scan_file.model_dump(), indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
