@@ -18,6 +18,8 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_quant.cli import app
+from clef_quant.evaluation.comparison import ALL
+from clef_quant.evaluation.config import EvalConfig
 from clef_quant.evaluation.data import read_eval_data
 from clef_quant.evaluation.metrics import (
     METRICS,
@@ -28,7 +30,8 @@ from clef_quant.evaluation.metrics import (
     kl_divergence,
 )
 from clef_quant.evaluation.report import write_results
-from clef_quant.evaluation.runner import ALL, NOISE_FLOOR_NAME, EvalConfig, run_eval
+from clef_quant.evaluation.runner import run_eval
+from clef_quant.evaluation.sides import NOISE_FLOOR_NAME
 from clef_quant.evaluation.tasks import load_tasks
 from clef_quant.quantize.calibration import read_request_bodies
 from clef_vllm.encoding import render

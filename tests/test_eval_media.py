@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from test_eval import ENGINE_KWARGS, PER_TASK, SharedEngines, build, lines
 
+from clef_quant.evaluation.config import EvalConfig
 from clef_quant.evaluation.report import write_results
-from clef_quant.evaluation.runner import EvalConfig, run_eval
+from clef_quant.evaluation.runner import run_eval
 from clef_quant.evaluation.tasks import load_tasks
 
 TASK = "scienceqa_image"

@@ -220,7 +220,9 @@ def test_record_meta_layout() -> None:
 
 def test_bench_head_reports_the_fast_path() -> None:
     """`bench head` times the fast path beside the other forms and compares all three on the same inputs."""
-    from clef_quant.bench.head import BenchShape, render_markdown, run_head_bench
+    from clef_quant.bench.head import run_head_bench
+    from clef_quant.bench.head_report import render_markdown
+    from clef_quant.bench.head_workload import BenchShape
 
     shapes = [BenchShape("2 questions", (1, 0), (3, 2))]
     for dtype in ("float32", "bfloat16"):

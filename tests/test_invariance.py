@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from clef_quant.bench.workload import WORDS, sentence
-from clef_quant.evaluation.runner import EvalConfig, FreshEngines, run_eval
+from clef_quant.evaluation.config import EvalConfig
+from clef_quant.evaluation.engines import FreshEngines
+from clef_quant.evaluation.runner import run_eval
 from clef_vllm.errors import SettingsError
 
 pytestmark = pytest.mark.slow

@@ -24,7 +24,8 @@ import torch
 
 from clef_quant.bench.environment import load_average, machine_name
 from clef_quant.bench.throughput_report import ThroughputResult, ThroughputRow
-from clef_quant.evaluation.runner import FreshEngines, score_plugin, score_reference
+from clef_quant.evaluation.engines import FreshEngines
+from clef_quant.evaluation.scoring import score_plugin, score_reference
 from clef_quant.evaluation.store import tool_versions
 from clef_vllm.encoding import Encoding, encode_request
 from clef_vllm.errors import ClefError

@@ -59,7 +59,8 @@ def head(
     """
     import torch
 
-    from clef_quant.bench.head import bench_command, render_markdown, run_head_bench
+    from clef_quant.bench.head import run_head_bench
+    from clef_quant.bench.head_report import bench_command, render_markdown
 
     if device is Device.cuda and not torch.cuda.is_available():
         raise fail("CUDA is not available on this machine", hint="run with --device cpu")

@@ -64,8 +64,8 @@ def build_data(
       clef-quant build-data --out data/flash --tokenizer flash   # flash: the bf16 release folder
     """
     _quiet(verbose)
-    from clef_quant.evaluation.data import BuildConfig
-    from clef_quant.evaluation.data import build_data as run_build
+    from clef_quant.evaluation.build import BuildConfig
+    from clef_quant.evaluation.build import build_data as run_build
     from clef_quant.evaluation.tasks import load_tasks
 
     tasks = load_tasks(names=task)
@@ -157,9 +157,11 @@ def evaluate(
         if not torch.cuda.is_available():
             raise fail("--device cuda was given, but no CUDA device is available", "use --device cpu")
     _quiet(verbose)
+    from clef_quant.evaluation.config import EvalConfig
     from clef_quant.evaluation.data import read_eval_data
+    from clef_quant.evaluation.engines import FreshEngines
     from clef_quant.evaluation.report import write_results
-    from clef_quant.evaluation.runner import EvalConfig, FreshEngines, run_eval
+    from clef_quant.evaluation.runner import run_eval
 
     engine_kwargs: dict[str, Any] = {"enforce_eager": True} if eager else {}
     config = EvalConfig(
@@ -183,8 +185,8 @@ def evaluate(
 
 
 def _print_summary(console: Console, results: dict[str, Any]) -> None:
+    from clef_quant.evaluation.comparison import ALL
     from clef_quant.evaluation.metrics import METRICS, format_value
-    from clef_quant.evaluation.runner import ALL
 
     table = Table(title="All tasks", title_justify="left")
     table.add_column("side")

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from clef_quant.evaluation.comparison import ALL
 from clef_quant.evaluation.metrics import QUALITY_METRICS, SPEED_METRICS, Metric, format_value
-from clef_quant.evaluation.runner import ALL
 
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"

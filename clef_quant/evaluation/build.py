@@ -1,0 +1,190 @@
+"""`clef-quant build-data`: sample every task and write a DATA folder (layout in `clef_quant.evaluation.data`).
+
+The folder is written as DATA.partial and renamed when complete, so a DATA folder is never half written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from clef_quant import shipped
+from clef_quant.evaluation.data import CALIBRATION_FILE, DATA_FORMAT, EVAL_DIR, SUMMARY_FILE
+from clef_quant.evaluation.errors import DataError
+from clef_quant.evaluation.sampling import Record, calibration_quotas, sample_task
+from clef_quant.evaluation.sources import FIXTURES, HUB, check_local_source
+from clef_quant.evaluation.tasks import Task
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Tokenizer, encode_request, render
+from clef_vllm.request import parse_request
+
+DEFAULT_PER_TASK = 200
+DEFAULT_CALIBRATION = 512
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    out: Path
+    per_task: int = DEFAULT_PER_TASK
+    calibration: int = DEFAULT_CALIBRATION
+    seed: int = 0
+    source: str = HUB
+    tokenizer: Path | None = None  # a release folder: lengths in tokens instead of characters
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    out: Path
+    summary: dict[str, Any]
+
+
+def _processor_for_media(records: Sequence[Record], tokenizer: Any) -> Any:
+    """The processor of the tokenizer's folder, only when some record has images (it expands them)."""
+    if not any(r.request.get("images") or r.request.get("videos") for r in records):
+        return None
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(tokenizer.name_or_path)
+
+
+def _lengths(records: Sequence[Record], tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """Prompt lengths in tokens (the real encoding, uncut) or, without a tokenizer, characters of state + questions."""
+    if not records:
+        return {}
+    if tokenizer is not None:
+        unit = "tokens"
+        processor = _processor_for_media(records, tokenizer)
+        values = [
+            encode_request(parse_request(r.request), tokenizer, processor=processor, max_length=10**9).num_tokens
+            for r in records
+        ]
+    else:
+        unit = "characters (state + questions as JSON)"
+        values = [len(render(r.request["state"])) + len(render(r.request["questions"])) for r in records]
+    ordered = sorted(values)
+    result: dict[str, Any] = {
+        "unit": unit,
+        "min": ordered[0],
+        "mean": round(statistics.fmean(ordered), 1),
+        "p50": ordered[len(ordered) // 2],
+        "p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
+        "max": ordered[-1],
+    }
+    if tokenizer is not None:
+        result["over_default_max_length"] = sum(v > DEFAULT_MAX_LENGTH for v in values)
+    return result
+
+
+def _write_jsonl(path: Path, lines: Sequence[dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        for line in lines:
+            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+
+
+def build_data(
+    config: BuildConfig,
+    tasks: Sequence[Task],
+    on_task: Callable[[str, str], None] | None = None,
+) -> BuildResult:
+    """Sample every task, write DATA.partial and rename it to DATA. `on_task(task, stage)` reports progress."""
+    if config.source == FIXTURES:
+        # datasets opens the Parquet files itself, so it needs them as real files.
+        with resources.as_file(shipped.fixtures()) as folder:
+            return build_data(replace(config, source=str(folder)), tasks, on_task)
+    if config.per_task < 1:
+        raise DataError("--per-task must be at least 1")
+    if config.calibration < 0:
+        raise DataError("--calibration must be 0 or more")
+    out = Path(config.out)
+    if out.exists() and not config.overwrite:
+        raise DataError(f"{out} already exists; pass --overwrite to replace it")
+    if config.source != HUB:
+        check_local_source(Path(config.source), tasks, calibration=config.calibration > 0)
+    tokenizer = None
+    if config.tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
+
+    notify = on_task or (lambda _task, _stage: None)
+    quotas = calibration_quotas(tasks, config.calibration)
+    exclude: set[str] = set()
+    samples = []
+    for task in tasks:
+        notify(task.name, "sampling")
+        samples.append(
+            sample_task(
+                task,
+                per_task=config.per_task,
+                calibration=quotas[task.name],
+                seed=config.seed,
+                source=config.source,
+                exclude_states=exclude,
+            )
+        )
+        notify(task.name, "done")
+
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    (partial / EVAL_DIR).mkdir(parents=True)
+    summary_tasks = {}
+    for sample in samples:
+        spec = sample.task.dataset
+        _write_jsonl(
+            partial / EVAL_DIR / f"{sample.task.name}.jsonl",
+            [{"id": r.id, "task": r.task, "request": r.request, "gold": r.gold} for r in sample.eval_records],
+        )
+        summary_tasks[sample.task.name] = {
+            "title": sample.task.body.title,
+            "task_file": {
+                "path": shipped.display(sample.task.path),
+                "version": sample.task.body.version,
+                "sha256": sample.task.sha256,
+            },
+            "dataset": {"id": spec.id, "config": spec.config, "revision": spec.revision},
+            "eval": {
+                "split": spec.eval_split,
+                "rows": sample.eval_rows,
+                "records": len(sample.eval_records),
+                "questions": sum(len(r.request["questions"]) for r in sample.eval_records),
+                "lengths": _lengths(sample.eval_records, tokenizer),
+            },
+            "calibration": {
+                "split": spec.calibration_split,
+                "rows": sample.calibration_rows,
+                "records": len(sample.calibration_records),
+                "lengths": _lengths(sample.calibration_records, tokenizer),
+            },
+            "skipped": sample.skipped,
+        }
+    calibration = [r.request for sample in samples for r in sample.calibration_records]
+    _write_jsonl(partial / CALIBRATION_FILE, calibration)
+    summary = {
+        "format": DATA_FORMAT,
+        "created": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "source": config.source if config.source == HUB else shipped.display(Path(config.source)),
+        "seed": config.seed,
+        "per_task": config.per_task,
+        "calibration_requested": config.calibration,
+        "length_unit": "tokens" if tokenizer is not None else "characters",
+        "tokenizer": str(config.tokenizer) if config.tokenizer else None,
+        "counts": {
+            "tasks": len(samples),
+            "eval_records": sum(len(s.eval_records) for s in samples),
+            "eval_questions": sum(t["eval"]["questions"] for t in summary_tasks.values()),
+            "calibration_records": len(calibration),
+        },
+        "tasks": summary_tasks,
+    }
+    (partial / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    if out.exists():
+        shutil.rmtree(out)
+    partial.rename(out)
+    return BuildResult(out=out, summary=summary)

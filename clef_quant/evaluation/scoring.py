@@ -1,0 +1,56 @@
+"""Probabilities of encoded records through transformers (the reference) or the vLLM plugin, with seconds per record.
+
+Shared by `clef-quant eval` and `clef-quant bench throughput`, so both time the same calls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from clef_vllm.answers import split_logits
+from clef_vllm.encoding import Encoding
+
+# Records handed to vLLM per call. vLLM forms its own batches inside a call (max_num_seqs); the chunk only sets how
+# often progress moves and probabilities are saved.
+PLUGIN_CHUNK = 256
+
+
+def probabilities(encoding: Encoding, logits: torch.Tensor) -> list[list[float]]:
+    counts = [len(options) for options in encoding.option_ids]
+    return [p.tolist() for p in split_logits(logits.float().cpu(), counts)]
+
+
+def score_reference(
+    scorer: Any, encodings: Sequence[Encoding], batch_size: int, on_batch: Callable[[int], None] | None = None
+) -> list[tuple[list[list[float]], float]]:
+    """Probabilities and seconds of each record through transformers; a batch's time is shared by its records."""
+    out: list[tuple[list[list[float]], float]] = []
+    for start in range(0, len(encodings), batch_size):
+        batch = list(encodings[start : start + batch_size])
+        began = time.perf_counter()
+        logits = [x.float().cpu() for x in scorer.logits(batch)]  # .cpu() waits for the device
+        seconds = (time.perf_counter() - began) / len(batch)
+        out.extend((probabilities(e, x), seconds) for e, x in zip(batch, logits, strict=True))
+        if on_batch is not None:
+            on_batch(len(batch))
+    return out
+
+
+def score_plugin(
+    engine: Any, encodings: Sequence[Encoding], chunk: int = PLUGIN_CHUNK, on_chunk: Callable[[int], None] | None = None
+) -> list[tuple[list[list[float]], float]]:
+    """Probabilities and seconds of each record through the vLLM plugin; a call's time is shared by its records."""
+    out: list[tuple[list[list[float]], float]] = []
+    for start in range(0, len(encodings), chunk):
+        part = list(encodings[start : start + chunk])
+        began = time.perf_counter()
+        logits = engine.logits(part)
+        seconds = (time.perf_counter() - began) / len(part)
+        out.extend((probabilities(e, x), seconds) for e, x in zip(part, logits, strict=True))
+        if on_chunk is not None:
+            on_chunk(len(part))
+    return out
