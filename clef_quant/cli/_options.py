@@ -1,11 +1,94 @@
-"""Options shared by several commands, defined once."""
+"""Options shared by several commands, defined once from their sources of truth.
+
+Choices come from the data that defines them (`SCHEMES`, `SIZES`, `SCANNABLE`), so `--help` lists them and a
+bad value ends like every other user error: one `error:` line on stderr, exit 2, before anything loads.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Annotated, Any, TypeVar
 
 import typer
 
+from clef_quant.cli._errors import fail
+from clef_quant.devices import DEVICE_HELP, device_problem, is_cuda
+from clef_quant.quantize.recipes import AUTO_SCHEME, SCHEMES
+from clef_quant.tiny.sizes import SIZES
+
+QUANTIZE_SCHEMES = (*SCHEMES, AUTO_SCHEME)
+ConfigT = TypeVar("ConfigT")
+
+
+def name_choice(names: Iterable[str], refusal: str) -> Callable[[str], str]:
+    """A parser that accepts one of `names`; anything else is refused with `refusal` (formatted with the
+    `value`) and every name there is."""
+    choices = tuple(names)
+
+    def parse(value: str) -> str:
+        if value not in choices:
+            raise fail(f"{refusal.format(value=value)}; choose one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def choice_option(names: Iterable[str], what: str, help_text: str, refusal: str | None = None) -> Any:
+    """`--WHAT NAME`, limited to `names`, which `--help` lists."""
+    choices = tuple(names)
+    return typer.Option(
+        f"--{what}",
+        parser=name_choice(choices, refusal or f"unknown {what} {{value!r}}"),
+        metavar=what.upper(),
+        help=f"{help_text} One of {', '.join(choices)}.",
+    )
+
+
+DTYPES = ("bfloat16", "float32")
+
+
+def dtype_option(help_text: str) -> Any:
+    return choice_option(DTYPES, "dtype", help_text, refusal="--dtype cannot be {value!r}")
+
+
+def parse_device(value: str) -> str:
+    problem = device_problem(value)
+    if problem is not None:
+        raise fail(problem, hint="use --device cpu" if is_cuda(value) else None)
+    return value
+
+
+def device_option(help_text: str) -> Any:
+    return typer.Option("--device", parser=parse_device, metavar="DEVICE", help=help_text)
+
+
+def parse_repo_id(value: str) -> str:
+    from clef_quant.publish.errors import PublishError
+    from clef_quant.publish.upload import validate_repo_id
+
+    try:
+        validate_repo_id(value)
+    except PublishError as exc:
+        raise fail(str(exc)) from None
+    return value
+
+
+def repo_id_option(help_text: str, **kwargs: Any) -> Any:
+    return typer.Option("--repo-id", parser=parse_repo_id, metavar="ORG/NAME", help=help_text, **kwargs)
+
+
+DeviceOption = Annotated[str, device_option(f"Where to run: {DEVICE_HELP}.")]
+SizeOption = Annotated[
+    str,
+    choice_option(
+        SIZES,
+        "size",
+        "tiny: a few MB, tests; small: tens of millions of parameters, CPU benchmarks; flash: clef-flash shapes, "
+        "9.4 B parameters, 19 GB, build with --device cuda.",
+    ),
+]
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Show the underlying tools' own logs.")]
 ModelOption = Annotated[
     str,
     typer.Option("--model", "-m", help="Release folder, or a Hub id (ORG/NAME) when the Hub is reachable."),
@@ -19,3 +102,10 @@ RequestArgument = Annotated[
 MaxLengthOption = Annotated[
     int, typer.Option("--max-length", min=1, help="Maximum prompt length in tokens; the state is cut to fit.")
 ]
+
+
+def config_from(config_class: type[ConfigT], options: Mapping[str, Any], **values: Any) -> ConfigT:
+    """A library config dataclass from a command's options (its `locals()`): every field named like an option
+    takes that option's value; `values` add the fields that need converting."""
+    names = {field.name for field in dataclasses.fields(config_class)}  # type: ignore[arg-type]
+    return config_class(**{name: value for name, value in options.items() if name in names} | values)

@@ -1,25 +1,63 @@
-"""Rich progress bars behind the library's progress protocol (`start`, `advance`, `finish`)."""
+"""What a command shows on stderr while it works, in one style: bars for the library's progress protocol
+(`start`, `advance`, `finish`, plus `update` for byte counts), a spinner line for runs that report stages, and
+the underlying tools' own output held back unless --verbose. Standard output keeps only the results.
+"""
 
 from __future__ import annotations
 
+import io
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, redirect_stderr
 from typing import Any
 
+import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
+
+from clef_vllm.errors import ClefError
+
+# What the underlying tools print (loguru INFO lines, tqdm bars, vLLM's and transformers' INFO logs) is hidden
+# unless --verbose; each reads its level when first imported, which happens inside the run.
+LLM_COMPRESSOR_QUIET = {"LLM_COMPRESSOR_LOG_LEVEL": "ERROR"}
+VLLM_QUIET = {"VLLM_LOGGING_LEVEL": "WARNING"}
+TRANSFORMERS_QUIET = {"TRANSFORMERS_VERBOSITY": "error"}
+
+
+def stderr_console() -> Console:
+    return Console(file=sys.stderr)
+
+
+class _Amount(MofNCompleteColumn):
+    """`done/total`, or the task's own wording of it (bytes written) when it gives one."""
+
+    def render(self, task: Task) -> Text:
+        detail = task.fields.get("detail")
+        return Text(detail, style="progress.download") if detail else super().render(task)
 
 
 class RichProgress:
-    """One bar per named task; give it a stderr console so that stdout keeps only the results."""
+    """One bar per named task; it draws on a stderr console so that stdout keeps only the results."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console | None = None, *, transient: bool = False) -> None:
         self._bars = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
+            _Amount(),
             TimeElapsedColumn(),
-            console=console,
-            transient=False,
+            console=console or stderr_console(),
+            transient=transient,
             redirect_stderr=False,
             redirect_stdout=False,
         )
@@ -33,11 +71,17 @@ class RichProgress:
         self._bars.__exit__(*exc)
 
     def start(self, task: str, total: int | None = None) -> None:
-        self._ids[task] = self._bars.add_task(task, total=total)
+        self._ids[task] = self._bars.add_task(task, total=total, detail="")
 
     def advance(self, task: str, amount: int = 1) -> None:
         if task in self._ids:
             self._bars.advance(self._ids[task], amount)
+
+    def update(self, task: str, completed: int, total: int, detail: str = "") -> None:
+        """Set a task's position outright (starting it if new), with a note such as bytes written."""
+        if task not in self._ids:
+            self.start(task, total)
+        self._bars.update(self._ids[task], completed=completed, total=total, detail=detail)
 
     def finish(self, task: str) -> None:
         if task in self._ids:
@@ -47,3 +91,48 @@ class RichProgress:
                 self._bars.update(task_id, total=1, completed=1)
             else:
                 self._bars.update(task_id, completed=total)
+
+
+@contextmanager
+def stages(first: str) -> Iterator[Callable[[str], None]]:
+    """A spinner line on stderr showing `first`; call the yielded function with each later stage."""
+    with stderr_console().status(first) as status:
+        yield lambda message: status.update(message)
+
+
+def quiet_tools(verbose: bool, *settings: Mapping[str, str]) -> None:
+    """Lower the tools' log levels (unless the user set them, or asked for --verbose)."""
+    if verbose:
+        return
+    for setting in settings:
+        for key, value in setting.items():
+            os.environ.setdefault(key, value)
+
+
+@contextmanager
+def held_tool_output(verbose: bool) -> Iterator[None]:
+    """Hold back what the tools write to Python's stderr (tqdm bars, warnings) so the bars stay readable.
+
+    On an unexpected failure the held-back text is printed after all: it is the context of the traceback."""
+    if verbose:
+        yield
+        return
+    held = io.StringIO()
+    real = sys.stderr
+    try:
+        with redirect_stderr(held):
+            yield
+    except (ClefError, KeyboardInterrupt, typer.Exit):
+        raise
+    except BaseException:
+        real.write(held.getvalue())
+        raise
+
+
+@contextmanager
+def quantization_bars(verbose: bool) -> Iterator[RichProgress]:
+    """Bars for a quantize or scan run, with llm-compressor's own output held back unless --verbose."""
+    quiet_tools(verbose, LLM_COMPRESSOR_QUIET)
+    console = stderr_console()  # bound now: the real stderr, not the capture below
+    with held_tool_output(verbose), RichProgress(console) as progress:
+        yield progress

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import os
-from enum import StrEnum
+import shlex
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
+from clef_quant.cli._options import QUANTIZE_SCHEMES, choice_option, device_option, dtype_option
 from clef_quant.cli._output import results_console
+from clef_quant.cli._progress import LLM_COMPRESSOR_QUIET, VLLM_QUIET, quiet_tools, stages
+from clef_quant.quantize.recipes import AUTO_SCHEME, SCHEMES
 
 app = typer.Typer(
     help="Measure parts of the stack; each command writes a markdown report.\n\n"
@@ -27,21 +29,34 @@ def bench() -> None:
     """A callback keeps `bench` a group of commands while it holds only one."""
 
 
-class Device(StrEnum):
-    cpu = "cpu"
-    cuda = "cuda"
+def _command_line() -> str:
+    """The command as the user typed it, for the report."""
+    return shlex.join(["clef-quant", *sys.argv[1:]])
 
 
-class Dtype(StrEnum):
-    float32 = "float32"
-    bfloat16 = "bfloat16"
+def _require_release(folder: Path, hint: str | None = None) -> None:
+    if not (folder / "config.json").is_file():
+        raise fail(f"{folder} is not a release folder", hint=hint)
+
+
+def _write_report(out: Path, markdown: str, json_text: str | None = None) -> None:
+    """The markdown report at `out` and, when given, its JSON beside it (same stem)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(markdown, encoding="utf-8")
+    if json_text is not None:
+        out.with_suffix(".json").write_text(json_text, encoding="utf-8")
+
+
+def _report_name(device: str) -> str:
+    """`cpu` or `cuda`: a report names the kind of device, not which GPU (and holds no `:`)."""
+    return device.partition(":")[0]
 
 
 @app.command("head")
 @user_errors
 def head(
-    device: Annotated[Device, typer.Option(help="Where to run the head.")] = Device.cpu,
-    dtype: Annotated[Dtype, typer.Option(help="Head and input dtype (releases run bfloat16).")] = Dtype.float32,
+    device: Annotated[str, device_option("Where to run the head: cpu, cuda or cuda:N.")] = "cpu",
+    dtype: Annotated[str, dtype_option("Head and input dtype (releases run bfloat16).")] = "float32",
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per shape; the median is reported.")] = 5,
     warmup: Annotated[int, typer.Option(min=0, help="Untimed runs of the vectorized and fast forms first.")] = 1,
     out: Annotated[
@@ -57,26 +72,13 @@ def head(
 
     Example: clef-quant bench head --device cpu --repeats 3
     """
-    import torch
-
     from clef_quant.bench.head import run_head_bench
     from clef_quant.bench.head_report import bench_command, render_markdown
 
-    if device is Device.cuda and not torch.cuda.is_available():
-        raise fail("CUDA is not available on this machine", hint="run with --device cpu")
-    out = out or Path(f"bench/results/head-{device.value}.md")
-    console = Console(stderr=True)
-    with console.status("benchmarking the head") as status:
-        result = run_head_bench(
-            device=device.value,
-            dtype=dtype.value,
-            repeats=repeats,
-            warmup=warmup,
-            on_step=lambda message: status.update(message),
-        )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    command = bench_command(device.value, dtype.value, repeats, warmup, out)
-    out.write_text(render_markdown(result, command), encoding="utf-8")
+    out = out or Path(f"bench/results/head-{_report_name(device)}.md")
+    with stages("benchmarking the head") as show:
+        result = run_head_bench(device=device, dtype=dtype, repeats=repeats, warmup=warmup, on_step=show)
+    _write_report(out, render_markdown(result, bench_command(device, dtype, repeats, warmup, out)))
 
     table = Table(title=f"joint schema head, {result.machine}, {result.dtype}")
     table.add_column("shape")
@@ -125,18 +127,13 @@ def serve(
 
     Example: clef-quant make-tiny artifacts/small --size small && clef-quant bench serve --model artifacts/small
     """
-    import shlex
-    import sys
-
     import torch
 
     from clef_quant.bench.environment import machine_name
     from clef_quant.bench.serve import render_markdown, result_json, run_serve_bench
 
-    if not (model / "config.json").is_file():
-        raise fail(f"{model} is not a release folder", hint=f"clef-quant make-tiny {model} --size small")
-    console = Console(stderr=True)
-    with console.status("benchmarking") as status:
+    _require_release(model, hint=f"clef-quant make-tiny {model} --size small")
+    with stages("benchmarking") as show:
         result = run_serve_bench(
             model,
             records=records,
@@ -144,12 +141,10 @@ def serve(
             max_model_len=max_model_len,
             max_num_batched_tokens=max_num_batched_tokens,
             compress_above=None if compress_above < 0 else compress_above,
-            on_stage=lambda stage: status.update(stage),
+            on_stage=show,
         )
-    command = shlex.join(["clef-quant", *sys.argv[1:]])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_markdown(result, command, machine_name(torch.device("cpu"))), encoding="utf-8")
-    out.with_suffix(".json").write_text(result_json(result), encoding="utf-8")
+    markdown = render_markdown(result, _command_line(), machine_name(torch.device("cpu")))
+    _write_report(out, markdown, result_json(result))
     typer.echo(
         f"server/offline {result.server_over_offline:.3f}, plugin/reference {result.plugin_over_reference:.2f}; "
         f"wrote {out}"
@@ -171,9 +166,9 @@ def throughput(
         int, typer.Option(min=0, help="Generated records with one image each, timed as their own row (0: none).")
     ] = 16,
     max_model_len: Annotated[int, typer.Option(min=256, help="Maximum prompt length for both sides.")] = 4096,
-    device: Annotated[Device, typer.Option(help="Where the reference runs (the plugin runs where vLLM runs).")] = (
-        Device.cpu
-    ),
+    device: Annotated[
+        str, device_option("Where the reference runs: cpu, cuda or cuda:N (the plugin runs where vLLM runs).")
+    ] = "cpu",
     eager: Annotated[bool, typer.Option(help="Run vLLM without graph compilation.")] = False,
     out: Annotated[
         Path | None,
@@ -188,30 +183,21 @@ def throughput(
     Example: clef-quant bench throughput --reference artifacts/tiny --fp8 artifacts/tiny-FP8_DYNAMIC \\
         --nvfp4 artifacts/tiny-NVFP4 --data data/eval --records 28 --eager
     """
-    import os
-    import shlex
-    import sys
-
-    import torch
-
     from clef_quant.bench.throughput import load_requests, run_throughput
     from clef_quant.bench.throughput_report import write_report
     from clef_quant.bench.workload import image_requests
     from clef_vllm.request import parse_request
 
-    if device is Device.cuda and not torch.cuda.is_available():
-        raise fail("CUDA is not available on this machine", hint="run with --device cpu")
     folders = [("bf16", reference), ("FP8_DYNAMIC", fp8), ("NVFP4", nvfp4)]
     for _, folder in folders:
-        if folder is not None and not (folder / "config.json").is_file():
-            raise fail(f"{folder} is not a release folder")
+        if folder is not None:
+            _require_release(folder)
     if not data.exists():
         raise fail(f"{data} does not exist", hint="clef-quant build-data --out DATA --source fixtures")
 
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    quiet_tools(False, VLLM_QUIET)
     requests = load_requests(data, records)
-    console = Console(stderr=True)
-    with console.status("benchmarking") as status:
+    with stages("benchmarking") as show:
         result = run_throughput(
             reference,
             [(f"plugin {name}", folder) for name, folder in folders if folder is not None],
@@ -219,13 +205,13 @@ def throughput(
             source=str(data),
             batch_size=batch_size,
             max_model_len=max_model_len,
-            device=device.value,
+            device=device,
             engine_kwargs={"enforce_eager": True} if eager else {},
-            on_stage=lambda message: status.update(message),
+            on_stage=show,
             image_requests=[parse_request(body) for body in image_requests(image_records, seed=0)],
         )
-    out = out or Path(f"bench/results/throughput-{device.value}.md")
-    written = write_report(result, shlex.join(["clef-quant", *sys.argv[1:]]), out)
+    out = out or Path(f"bench/results/throughput-{_report_name(device)}.md")
+    written = write_report(result, _command_line(), out)
 
     table = Table(title=f"throughput, {result.records} records, {result.machine}")
     for column in ("side", "records/s", "tokens/s", "vs reference"):
@@ -244,7 +230,11 @@ def quantize(
     work: Annotated[Path, typer.Option(help="Scratch folder for the quantized folders (kept for inspection).")],
     scheme: Annotated[
         list[str] | None,
-        typer.Option(help="Scheme to run, repeatable; default every scheme in recipes/ (and auto with --scan)."),
+        choice_option(
+            QUANTIZE_SCHEMES,
+            "scheme",
+            "Scheme to run, repeatable; default every scheme in recipes/ (and auto with --scan).",
+        ),
     ] = None,
     data: Annotated[
         Path | None, typer.Option(help="A DATA folder (build-data): adds KL, agreement and max |dp| via eval.")
@@ -260,32 +250,23 @@ def quantize(
     """Quantize one model with every scheme in one run: time, calibration cost, size and, with --data, the head's
     KL, top-1 agreement and max |dp| against bf16 through the plugin.
 
+    clef-quant against plain llm-compressor (time and peak memory, each side in its own process) is
+    `python -m clef_quant.bench.quantize_bench`.
+
     Example: clef-quant bench quantize --model artifacts/tiny --work artifacts/bench-q --data artifacts/data \\
         --scan artifacts/scan/scan.json
     """
     import json
-    import shlex
-    import sys
     from dataclasses import asdict
 
     from clef_quant.bench.quality import render_markdown, run_quality_bench
-    from clef_quant.cli.quantize import QUIET_ENV
-    from clef_quant.quantize.recipes import SCHEMES
 
-    known = (*SCHEMES, "auto")
-    schemes = list(scheme or [*SCHEMES, *(["auto"] if scan is not None else [])])
-    bad = [s for s in schemes if s not in known]
-    if bad:
-        raise fail(f"unknown scheme(s) {', '.join(bad)}; choose from {', '.join(known)}")
-    if "auto" in schemes and scan is None:
+    schemes = list(scheme or [*SCHEMES, *([AUTO_SCHEME] if scan is not None else [])])
+    if AUTO_SCHEME in schemes and scan is None:
         raise fail("auto needs --scan", hint=f"clef-quant scan {model} --out SCAN_DIR")
-    if not (model / "config.json").is_file():
-        raise fail(f"{model} is not a release folder", hint=f"clef-quant make-tiny {model}")
-    for key, value in QUIET_ENV.items():
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    console = Console(stderr=True)
-    with console.status("benchmarking") as status:
+    _require_release(model, hint=f"clef-quant make-tiny {model}")
+    quiet_tools(False, LLM_COMPRESSOR_QUIET, VLLM_QUIET)
+    with stages("benchmarking") as show:
         result = run_quality_bench(
             model,
             schemes,
@@ -295,12 +276,11 @@ def quantize(
             calibration_records=calibration_records,
             max_seq_len=max_seq_len,
             max_model_len=max_model_len,
-            on_stage=lambda message: status.update(message),
+            on_stage=show,
         )
-    command = shlex.join(["clef-quant", *sys.argv[1:]])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_markdown(result, command), encoding="utf-8")
-    out.with_suffix(".json").write_text(json.dumps(asdict(result), indent=2, default=str) + "\n", encoding="utf-8")
+    _write_report(
+        out, render_markdown(result, _command_line()), json.dumps(asdict(result), indent=2, default=str) + "\n"
+    )
     table = Table(title=f"schemes on {model}")
     for column in ("scheme", "KL", "agreement", "max |dp|", "MB", "quantize s", "calibration s"):
         table.add_column(column, justify="left" if column == "scheme" else "right")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,19 +10,17 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
+from clef_quant.cli._options import config_from, device_option
 from clef_quant.cli._output import results_console
-from clef_quant.cli._progress import RichProgress
+from clef_quant.cli._progress import TRANSFORMERS_QUIET, VLLM_QUIET, RichProgress, quiet_tools, stages
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH
-
-# vLLM and datasets log every step at INFO; the bars say the same in less space. --verbose shows them again.
-QUIET_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "TRANSFORMERS_VERBOSITY": "error"}
 
 
 def _quiet(verbose: bool) -> None:
+    """vLLM and datasets log every step at INFO; the bars say the same in less space."""
     if verbose:
         return
-    for key, value in QUIET_ENV.items():
-        os.environ.setdefault(key, value)
+    quiet_tools(verbose, VLLM_QUIET, TRANSFORMERS_QUIET)
     from datasets.utils.logging import disable_progress_bar
 
     disable_progress_bar()
@@ -71,18 +67,9 @@ def build_data(
     tasks = load_tasks(names=task)
     if tokenizer is not None and not (tokenizer / "config.json").is_file():
         raise fail(f"--tokenizer {tokenizer} is not a release folder")
-    config = BuildConfig(
-        out=out,
-        per_task=per_task,
-        calibration=calibration,
-        seed=seed,
-        source=source,
-        tokenizer=tokenizer,
-        overwrite=overwrite,
-    )
-    console = Console(stderr=True)
-    with console.status("loading tasks") as status:
-        result = run_build(config, tasks, on_task=lambda name, stage: status.update(f"{name}: {stage}"))
+    config = config_from(BuildConfig, locals())
+    with stages("loading tasks") as show:
+        result = run_build(config, tasks, on_task=lambda name, stage: show(f"{name}: {stage}"))
 
     table = Table(title=f"wrote {result.out}", title_justify="left")
     for column in ("task", "dataset", "eval split", "eval records", "calibration split", "calibration records"):
@@ -125,7 +112,7 @@ def evaluate(
         int, typer.Option(min=1, help="Maximum prompt length in tokens, for both sides; the state is cut to fit.")
     ] = DEFAULT_MAX_LENGTH,
     batch_size: Annotated[int, typer.Option(min=1, help="Records per transformers forward pass (reference).")] = 8,
-    device: Annotated[str, typer.Option(help="Where the reference runs: cpu or cuda.")] = "cpu",
+    device: Annotated[str, device_option("Where the reference runs: cpu, cuda or cuda:N.")] = "cpu",
     eager: Annotated[
         bool, typer.Option(help="Run vLLM without graph compilation (starts much faster on a CPU).")
     ] = False,
@@ -149,13 +136,6 @@ def evaluate(
           --candidate artifacts/tiny-NVFP4 --data data/eval --out results/tiny --max-model-len 4096 --eager
       clef-quant eval --reference flash --candidate flash-NVFP4 --data data/flash --out results/flash --device cuda
     """
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise fail(f"--device must be cpu or cuda, not {device}")
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise fail("--device cuda was given, but no CUDA device is available", "use --device cpu")
     _quiet(verbose)
     from clef_quant.evaluation.config import EvalConfig
     from clef_quant.evaluation.data import read_eval_data
@@ -164,18 +144,10 @@ def evaluate(
     from clef_quant.evaluation.runner import run_eval
 
     engine_kwargs: dict[str, Any] = {"enforce_eager": True} if eager else {}
-    config = EvalConfig(
-        reference=reference,
-        candidates=candidate,
-        data=data,
-        out=out,
-        max_model_len=max_model_len,
-        batch_size=batch_size,
-        device=device,
-    )
+    config = config_from(EvalConfig, locals(), candidates=candidate)
     records = read_eval_data(data)  # every line checked before a bar is drawn or a model loads
     engines = FreshEngines(max_model_len=max_model_len, batch_invariant=batch_invariant, **engine_kwargs)
-    with RichProgress(Console(file=sys.stderr)) as progress:
+    with RichProgress() as progress:
         run = run_eval(config, engines=engines, progress=progress, data=records)
     paths = write_results(run.results, out)
     _print_summary(results_console(), run.results)

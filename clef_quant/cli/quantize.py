@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import io
 import json
-import os
 import signal
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,16 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
-from clef_quant.cli._options import RevisionOption
+from clef_quant.cli._options import QUANTIZE_SCHEMES, RevisionOption, choice_option, config_from, device_option
 from clef_quant.cli._output import results_console
-from clef_quant.cli._progress import RichProgress
-from clef_quant.quantize.recipes import SCHEMES
-from clef_vllm.errors import ClefError
-
-SCHEME_NAMES = (*SCHEMES, "auto")
-# What the underlying tools print (loguru INFO lines, tqdm bars, warnings) is hidden unless --verbose;
-# llm-compressor reads its log level when first imported, which happens inside the run.
-QUIET_ENV = {"LLM_COMPRESSOR_LOG_LEVEL": "ERROR"}
+from clef_quant.cli._progress import quantization_bars
+from clef_quant.formatting import binary_size
+from clef_quant.quantize.recipes import AUTO_SCHEME
 
 
 @user_errors
@@ -35,23 +25,25 @@ def quantize(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (written as OUT.partial, then renamed).")],
     scheme: Annotated[
         str | None,
-        typer.Option(
-            help=f"One of {', '.join(SCHEME_NAMES)}; the recipe in recipes/. auto: a per-layer mix of NVFP4, FP8 "
-            "and bf16 chosen from --scan under --max-kl or --max-size-gb."
+        choice_option(
+            QUANTIZE_SCHEMES,
+            "scheme",
+            "The recipe in recipes/. auto: a per-layer mix of NVFP4, FP8 and bf16 chosen from --scan under "
+            "--max-kl or --max-size-gb.",
         ),
     ] = None,
-    recipe: Annotated[
-        Path | None, typer.Option(help="An llm-compressor recipe YAML to use instead of the scheme's.")
+    recipe_file: Annotated[
+        Path | None, typer.Option("--recipe", help="An llm-compressor recipe YAML to use instead of the scheme's.")
     ] = None,
-    calibration: Annotated[
-        Path | None, typer.Option(help="JSONL of SystemOne requests to calibrate on (NVFP4 family).")
+    calibration_file: Annotated[
+        Path | None, typer.Option("--calibration", help="JSONL of SystemOne requests to calibrate on (NVFP4 family).")
     ] = None,
     calibration_records: Annotated[
         int | None,
         typer.Option(help="Records to draw (default 512; from --calibration, else the shipped default file)."),
     ] = None,
     max_seq_len: Annotated[int, typer.Option(help="Calibration length in tokens; the state is cut to fit.")] = 2048,
-    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    device: Annotated[str, device_option("Where to calibrate: cpu, cuda or cuda:N.")] = "cpu",
     overwrite: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
     include: Annotated[
         list[str] | None,
@@ -64,8 +56,8 @@ def quantize(
     ] = None,
     revision: RevisionOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llm-compressor's own logs.")] = False,
-    scan: Annotated[
-        Path | None, typer.Option(help="--scheme auto: the scan.json of `clef-quant scan` on this source.")
+    scan_file: Annotated[
+        Path | None, typer.Option("--scan", help="--scheme auto: the scan.json of `clef-quant scan` on this source.")
     ] = None,
     max_kl: Annotated[
         float | None, typer.Option(help="--scheme auto: most predicted KL (sum of the chosen units' scan KLs).")
@@ -85,45 +77,16 @@ def quantize(
       clef-quant quantize Cloudflare/clef-flash --scheme nvfp4 --calibration calib.jsonl --device cuda -o flash-NVFP4
       clef-quant quantize artifacts/tiny --scheme auto --scan artifacts/scan/scan.json --max-kl 0.01 -o tiny-AUTO
     """
-    if scheme is None and recipe is None:
-        raise fail("give --scheme or --recipe", hint=f"--scheme is one of {', '.join(SCHEME_NAMES)}")
-    if scheme is not None and scheme not in SCHEME_NAMES:
-        raise fail(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEME_NAMES)}")
-    if scheme == "auto" and scan is None:
-        raise fail("--scheme auto needs --scan SCAN.json", hint="clef-quant scan SOURCE --out DIR makes one")
-    if scheme == "auto" and (max_kl is None) == (max_size_gb is None):
-        raise fail("--scheme auto needs exactly one of --max-kl and --max-size-gb")
-    if scheme != "auto" and (scan is not None or max_kl is not None or max_size_gb is not None):
-        raise fail("--scan, --max-kl and --max-size-gb go with --scheme auto")
-    if device != "cpu" and device != "cuda" and not device.startswith("cuda:"):
-        raise fail(f"--device must be cpu or cuda, not {device}")
-    if not verbose:
-        for key, value in QUIET_ENV.items():
-            os.environ.setdefault(key, value)
-
+    if scheme is None and recipe_file is None:
+        raise fail("give --scheme or --recipe", hint=f"--scheme is one of {', '.join(QUANTIZE_SCHEMES)}")
+    _check_auto_options(scheme, scan_file, max_kl, max_size_gb)
     from clef_quant.quantize.errors import Interrupted
     from clef_quant.quantize.run import QuantizeConfig
     from clef_quant.quantize.run import quantize as run_quantize
 
-    config = QuantizeConfig(
-        source=source,
-        out=out,
-        scheme=scheme,
-        recipe_file=recipe,
-        calibration_file=calibration,
-        calibration_records=calibration_records,
-        max_seq_len=max_seq_len,
-        device=device,
-        overwrite=overwrite,
-        revision=revision,
-        include=tuple(include or ()),
-        scan_file=scan,
-        max_kl=max_kl,
-        max_size_gb=max_size_gb,
-    )
-    console = Console(file=sys.stderr)  # bound now: the real stderr, not the capture below
+    config = config_from(QuantizeConfig, locals(), include=tuple(include or ()))
     try:
-        with _tools_output(verbose), RichProgress(console) as progress:
+        with quantization_bars(verbose) as progress:
             result = run_quantize(config, progress)
     except Interrupted as exc:
         name = signal.Signals(exc.signum).name
@@ -165,35 +128,17 @@ def inspect_checkpoint(
         raise typer.Exit(1)
 
 
-@contextmanager
-def _tools_output(verbose: bool) -> Iterator[None]:
-    """Hold back what the tools write to Python's stderr (tqdm bars, warnings) so the rich bars stay readable.
-
-    On an unexpected failure the held-back text is printed after all: it is the context of the traceback."""
-    if verbose:
-        yield
-        return
-    held = io.StringIO()
-    real = sys.stderr
-    try:
-        with redirect_stderr(held):
-            yield
-    except (ClefError, KeyboardInterrupt, typer.Exit):
-        raise
-    except BaseException:
-        real.write(held.getvalue())
-        raise
+def _check_auto_options(scheme: str | None, scan: Path | None, max_kl: float | None, max_size: float | None) -> None:
+    """--scan, --max-kl and --max-size-gb belong to --scheme auto, which needs the scan and one target."""
+    if scheme == AUTO_SCHEME and scan is None:
+        raise fail("--scheme auto needs --scan SCAN.json", hint="clef-quant scan SOURCE --out DIR makes one")
+    if scheme == AUTO_SCHEME and (max_kl is None) == (max_size is None):
+        raise fail("--scheme auto needs exactly one of --max-kl and --max-size-gb")
+    if scheme != AUTO_SCHEME and (scan is not None or max_kl is not None or max_size is not None):
+        raise fail("--scan, --max-kl and --max-size-gb go with --scheme auto")
 
 
 # -- rendering ------------------------------------------------------------------------------------------------
-
-
-def _size(num_bytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if num_bytes < 1024 or unit == "GiB":
-            return f"{num_bytes:.1f} {unit}" if unit != "B" else f"{int(num_bytes)} B"
-        num_bytes /= 1024
-    return f"{num_bytes:.1f} GiB"
 
 
 def _print_summary(console: Console, result: Any) -> None:
@@ -204,12 +149,14 @@ def _print_summary(console: Console, result: Any) -> None:
     table.add_column()
     ratio = result.out_bytes / result.source_bytes if result.source_bytes else 0
     table.add_row("scheme", result.scheme)
-    table.add_row("backbone size", f"{_size(result.source_bytes)} -> {_size(result.out_bytes)} ({ratio:.0%} of bf16)")
+    table.add_row(
+        "backbone size", f"{binary_size(result.source_bytes)} -> {binary_size(result.out_bytes)} ({ratio:.0%} of bf16)"
+    )
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in result.timings.items() if k != "total")
     table.add_row("time", f"{result.timings['total']:.1f} s ({stages})")
-    memory = f"host {_size(result.peak_host_bytes)}"
+    memory = f"host {binary_size(result.peak_host_bytes)}"
     if result.peak_gpu_bytes is not None:
-        memory += f", GPU {_size(result.peak_gpu_bytes)}"
+        memory += f", GPU {binary_size(result.peak_gpu_bytes)}"
     table.add_row("peak memory", memory)
     cal = result.calibration
     if cal.source is None:

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from clef_quant.cli._errors import fail, user_errors
+from clef_quant.cli._options import config_from, repo_id_option
+from clef_quant.formatting import binary_size
 
 if TYPE_CHECKING:
     from clef_quant.publish.upload import UploadPlan
@@ -15,7 +17,6 @@ if TYPE_CHECKING:
 FolderArgument = Annotated[
     Path, typer.Argument(metavar="DIR", help="A quantized release folder made by clef-quant quantize.")
 ]
-RepoIdOption = Annotated[str, typer.Option("--repo-id", help="The Hub repo ORG/NAME.")]
 
 
 @user_errors
@@ -30,11 +31,7 @@ def card(
     ] = None,
     repo_id: Annotated[
         str | None,
-        typer.Option(
-            "--repo-id",
-            help="Where the release will live (the quickstart names it).",
-            show_default="<base model>-<SCHEME>",
-        ),
+        repo_id_option("Where the release will live (the quickstart names it).", show_default="<base model>-<SCHEME>"),
     ] = None,
     base_model: Annotated[
         str | None,
@@ -54,18 +51,7 @@ def card(
     """
     from clef_quant.publish.card import CardConfig, write_card
 
-    result = write_card(
-        CardConfig(
-            folder=folder,
-            results=results,
-            throughput=throughput,
-            base_model=base_model,
-            license=license,
-            repo_id=repo_id,
-            notice=notice,
-            plots=plots,
-        )
-    )
+    result = write_card(config_from(CardConfig, locals()))
     typer.echo(f"wrote {result.card} for {result.repo_id}")
     for plot in result.plots:
         typer.echo(f"  plot {folder / plot}")
@@ -82,7 +68,7 @@ def _trees() -> tuple[str, ...]:
 @user_errors
 def upload(
     folder: FolderArgument,
-    repo_id: RepoIdOption,
+    repo_id: Annotated[str, repo_id_option("The Hub repo to push to.")],
     private: Annotated[bool, typer.Option("--private", help="Create the repo private (if it does not exist).")] = False,
     revision: Annotated[
         str | None, typer.Option(help="Branch to commit to (created from main if missing); default main.")
@@ -116,7 +102,7 @@ def upload(
         return
     if token is None:
         raise fail("no Hugging Face token: set HF_TOKEN or run `hf auth login`", hint="--dry-run needs none")
-    typer.echo(f"uploading {len(plan.files)} files ({_size(plan.total_bytes)}) to {plan.repo_id}@{plan.revision}")
+    typer.echo(f"uploading {len(plan.files)} files ({binary_size(plan.total_bytes)}) to {plan.repo_id}@{plan.revision}")
     result = push(plan, token)
     typer.echo(f"committed {result.commit_oid[:12]}: {result.commit_url}")
     typer.echo(f"repo: {result.repo_url}")
@@ -129,16 +115,12 @@ def _print_plan(plan: UploadPlan, has_token: bool) -> None:
     typer.echo(f"would create {visibility} model repo {plan.repo_id} (if it does not exist)")
     if plan.new_branch:
         typer.echo(f"would create branch {plan.revision} from main (if it does not exist)")
-    typer.echo(f"would commit {len(plan.files)} files, {_size(plan.total_bytes)}, to {plan.revision} in one commit:")
+    typer.echo(
+        f"would commit {len(plan.files)} files, {binary_size(plan.total_bytes)}, to {plan.revision} in one commit:"
+    )
     typer.echo(f"  message: {plan.commit_message}")
     width = max(len(str(item.size)) for item in plan.files)
     for item in plan.files:
         typer.echo(f"  {item.size:>{width}}  {item.path}")
     token = "found" if has_token else "not found (a real upload needs HF_TOKEN or `hf auth login`)"
     typer.echo(f"token: {token}")
-
-
-def _size(num_bytes: int) -> str:
-    from clef_quant.publish.card import human_size
-
-    return human_size(num_bytes)

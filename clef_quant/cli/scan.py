@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from clef_quant.cli._errors import fail, user_errors
-from clef_quant.cli._options import RevisionOption
+from clef_quant.cli._errors import user_errors
+from clef_quant.cli._options import RevisionOption, choice_option, config_from, device_option
 from clef_quant.cli._output import results_console
-from clef_quant.cli._progress import RichProgress
-from clef_quant.cli.quantize import QUIET_ENV, _tools_output
+from clef_quant.cli._progress import quantization_bars
 from clef_quant.quantize.scan import (
     DEFAULT_CALIBRATION_RECORDS,
     DEFAULT_HELDOUT,
@@ -32,20 +28,24 @@ def scan(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for scan.json, scan.csv, scan.md and scan.png.")],
     scheme: Annotated[
         list[str] | None,
-        typer.Option(
-            help=f"Candidate scheme, repeatable; default {' and '.join(DEFAULT_SCHEMES)} (what auto needs). "
-            f"One of {', '.join(SCANNABLE)}."
+        choice_option(
+            SCANNABLE,
+            "scheme",
+            f"Candidate scheme, repeatable; default {' and '.join(DEFAULT_SCHEMES)} (what auto needs). AWQ "
+            "rescales norms and the hybrid is already a mix, so their units cannot be switched on alone.",
+            refusal="cannot scan {value}",
         ),
     ] = None,
-    calibration: Annotated[
-        Path | None, typer.Option(help="JSONL of SystemOne requests (default: the shipped calibration file).")
+    calibration_file: Annotated[
+        Path | None,
+        typer.Option("--calibration", help="JSONL of SystemOne requests (default: the shipped calibration file)."),
     ] = None,
     calibration_records: Annotated[int, typer.Option(help="Records to calibrate on.")] = DEFAULT_CALIBRATION_RECORDS,
     heldout: Annotated[
         int, typer.Option(help="The file's last N text requests: scored, never calibrated on.")
     ] = DEFAULT_HELDOUT,
     max_seq_len: Annotated[int, typer.Option(help="Length in tokens for both; the state is cut to fit.")] = 2048,
-    device: Annotated[str, typer.Option(help="cpu, or cuda (one GPU) for clef-flash.")] = "cpu",
+    device: Annotated[str, device_option("cpu, or cuda / cuda:N (one GPU) for clef-flash.")] = "cpu",
     overwrite: Annotated[bool, typer.Option(help="Start over instead of resuming OUT/scan.json.")] = False,
     revision: RevisionOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llm-compressor's own logs.")] = False,
@@ -59,33 +59,12 @@ def scan(
       clef-quant scan artifacts/tiny --out artifacts/scan --calibration-records 8 --heldout 8
       clef-quant scan clef-flash --out scan-flash --device cuda --calibration data/calibration.jsonl
     """
-    schemes = tuple(scheme or DEFAULT_SCHEMES)
-    bad = [s for s in schemes if s not in SCANNABLE]
-    if bad:
-        raise fail(f"cannot scan {', '.join(bad)}; choose from {', '.join(SCANNABLE)}")
-    if device != "cpu" and device != "cuda" and not device.startswith("cuda:"):
-        raise fail(f"--device must be cpu or cuda, not {device}")
-    if not verbose:
-        for key, value in QUIET_ENV.items():
-            os.environ.setdefault(key, value)
     from clef_quant.quantize.scan import ScanConfig
     from clef_quant.quantize.scan import scan as run_scan
     from clef_quant.quantize.scan_report import scan_frame
 
-    config = ScanConfig(
-        source=source,
-        out=out,
-        schemes=schemes,
-        calibration_file=calibration,
-        calibration_records=calibration_records,
-        heldout=heldout,
-        max_seq_len=max_seq_len,
-        device=device,
-        overwrite=overwrite,
-        revision=revision,
-    )
-    console = Console(file=sys.stderr)
-    with _tools_output(verbose), RichProgress(console) as progress:
+    config = config_from(ScanConfig, locals(), schemes=tuple(scheme or DEFAULT_SCHEMES))
+    with quantization_bars(verbose) as progress:
         outcome = run_scan(config, progress)
     frame = scan_frame(outcome.scan)
     table = Table(title=f"most sensitive units of {len(frame)} (mean KL over held-out questions)", title_justify="left")

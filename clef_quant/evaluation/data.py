@@ -17,6 +17,7 @@ from typing import Any
 
 from clef_quant.evaluation.errors import DataError, TaskFileError
 from clef_quant.evaluation.tasks import check_gold, gold_index
+from clef_quant.formatting import first_few
 from clef_vllm.errors import RequestError
 from clef_vllm.request import ClefRequest, parse_request
 
@@ -116,9 +117,7 @@ def read_eval_data(folder: Path) -> EvalData:
             seen[record_id] = origin
             records.append(EvalRecord(record_id, task, body, request, gold, gold_index(request, gold), origin))
     if problems:
-        shown = "; ".join(problems[:MAX_LISTED_PROBLEMS])
-        more = f" (and {len(problems) - MAX_LISTED_PROBLEMS} more)" if len(problems) > MAX_LISTED_PROBLEMS else ""
-        raise DataError(f"{len(problems)} invalid line(s) in {folder}: {shown}{more}")
+        raise DataError(f"{len(problems)} invalid line(s) in {folder}: {first_few(problems, MAX_LISTED_PROBLEMS)}")
     return EvalData(folder=folder, records=records, summary=summary, files=hashes)
 
 

@@ -15,6 +15,7 @@ from clef_quant.evaluation.config import EvalConfig
 from clef_quant.evaluation.data import EvalRecord
 from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.store import FolderFingerprint, Rejected, folder_fingerprint, record_key, side_key
+from clef_quant.formatting import first_few
 from clef_quant.quantize.progress import NoProgress, Progress
 from clef_quant.release import resolve_release
 from clef_vllm.encoding import Encoding
@@ -119,7 +120,4 @@ def encode_all(side: Side, records: Sequence[EvalRecord], encode: Callable[[Any]
         side.encodings.append(encoding)
         side.keys.append(record_key(side.key, encoding))
     if problems:
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise DataError(
-            f"{len(problems)} record(s) cannot be encoded for {side.folder}: {'; '.join(problems[:3])}{more}"
-        )
+        raise DataError(f"{len(problems)} record(s) cannot be encoded for {side.folder}: {first_few(problems, 3)}")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from clef_quant import shipped
 from clef_quant.bench.throughput_report import ThroughputResult, report_facts, results_table
+from clef_quant.formatting import binary_size, count, first_few
 from clef_quant.publish import folder_facts
 from clef_quant.publish.errors import PublishError
 from clef_quant.publish.folder import (
@@ -46,7 +47,7 @@ from clef_quant.publish.provenance import (
 from clef_quant.publish.reproduce import reproduce_commands
 from clef_quant.publish.results import EvalResults, read_results, read_throughput
 from clef_quant.publish.upload import validate_repo_id
-from clef_quant.quantize.manifest import MANIFEST_FILE
+from clef_quant.quantize.manifest import MANIFEST_FILE, installed_version
 from clef_vllm.head_files import HEAD_SUBDIR
 
 if TYPE_CHECKING:
@@ -114,9 +115,8 @@ def write_card(config: CardConfig) -> CardResult:
     problems += [str(p) for p in quantize_problems(folder, manifest)]
     if problems:
         raise PublishError(
-            f"{folder} fails its checks, so no card is written: {'; '.join(problems[:5])}"
-            + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
-            + f"; see clef-quant inspect {folder}"
+            f"{folder} fails its checks, so no card is written: {first_few(problems, 5)}; "
+            f"see clef-quant inspect {folder}"
         )
 
     base_model, source_revision = resolve_base_model(manifest, config.base_model)
@@ -155,7 +155,7 @@ def write_card(config: CardConfig) -> CardResult:
         (staging / CARD_FILE).write_text(text, encoding="utf-8")
         section = {
             "created": utc_now(),
-            "clef_quant": _version("clef-quant"),
+            "clef_quant": installed_version("clef-quant"),
             "repo_id": repo_id,
             "base_model": base_model,
             "license": license_data["license"],
@@ -171,15 +171,6 @@ def write_card(config: CardConfig) -> CardResult:
         copied=len(copied),
         added=updated[CARD_SECTION]["files"],
     )
-
-
-def _version(distribution: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def card_context(
@@ -265,8 +256,8 @@ def card_environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,  # markdown, not HTML
     )
-    env.filters["size"] = human_size
-    env.filters["count"] = human_count
+    env.filters["size"] = binary_size
+    env.filters["count"] = count
     env.filters["thousands"] = lambda n: f"{n:,}"
     env.filters["pct"] = lambda v: f"{100 * v:.1f}%"
     env.filters["plural"] = lambda n, word: f"{n:,} {word}" + ("" if n == 1 else "s")
@@ -288,21 +279,3 @@ def check_card_text(text: str) -> None:
     missing = [k for k in REQUIRED_FRONT_MATTER if not data.get(k)]
     if missing:
         raise PublishError(f"the rendered card lacks front matter keys: {', '.join(missing)}")
-
-
-def human_size(num_bytes: int | None) -> str:
-    if num_bytes is None:
-        return ""
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
-
-
-def human_count(n: int) -> str:
-    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return str(n)

@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.quantize.errors import QuantizeError
-from clef_quant.quantize.recipes import KEEP_BF16, Recipe
+from clef_quant.quantize.recipes import AUTO_SCHEME, KEEP_BF16, Recipe
 from clef_quant.quantize.release_files import backbone_bytes
 from clef_quant.quantize.scan_file import GROUPS, ScanFile, config_sha256, read_scan
 
-AUTO_SCHEME = "auto"
 NVFP4, FP8, BF16 = "NVFP4", "FP8_DYNAMIC", "bf16"
 SCAN_SCHEME = {NVFP4: "nvfp4", FP8: "fp8-dynamic"}
 # The decoder Linear layers of one group of one layer, in transformers' and vLLM's spellings (see the hybrid).

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant import shipped
+from clef_quant.formatting import first_few
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.progress import ENCODING, NoProgress, Progress
 from clef_vllm.encoding import Tokenizer, encode_request
@@ -90,9 +91,8 @@ def read_request_bodies(path: Path | Traversable) -> list[dict[str, Any]]:
             continue
         bodies.append(value)
     if problems:
-        shown = "; ".join(problems[:MAX_LISTED_PROBLEMS])
-        more = f" (and {len(problems) - MAX_LISTED_PROBLEMS} more)" if len(problems) > MAX_LISTED_PROBLEMS else ""
-        raise QuantizeError(f"calibration file {path}: {len(problems)} invalid record(s): {shown}{more}")
+        shown = first_few(problems, MAX_LISTED_PROBLEMS)
+        raise QuantizeError(f"calibration file {path}: {len(problems)} invalid record(s): {shown}")
     if not bodies:
         raise QuantizeError(f"calibration file {path} holds no requests")
     return bodies

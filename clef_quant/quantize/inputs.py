@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clef_quant.devices import device_problem
 from clef_quant.quantize.auto import AUTO_SCHEME, load_auto_recipe
 from clef_quant.quantize.calibration import read_request_bodies
 from clef_quant.quantize.errors import QuantizeError
@@ -63,12 +64,7 @@ def check_inputs(config: QuantizeConfig) -> CheckedInputs:
 
 def check_device(device: str) -> str:
     """`device` if this machine can run it; torch is imported only for a CUDA device."""
-    if device == "cpu":
-        return device
-    if device == "cuda" or device.startswith("cuda:"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise QuantizeError("--device cuda but no CUDA GPU is available")
-        return device
-    raise QuantizeError(f"--device must be cpu or cuda, not {device}")
+    problem = device_problem(device)
+    if problem is not None:
+        raise QuantizeError(problem)
+    return device

@@ -35,14 +35,16 @@ HASH_THREADS = min(8, os.cpu_count() or 1)
 TOOL_DISTRIBUTIONS = ("clef-quant", "clef-vllm", "llmcompressor", "compressed-tensors", "torch", "transformers")
 
 
+def installed_version(distribution: str) -> str | None:
+    """The installed version of a distribution, or None when it is not installed."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def tool_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for name in TOOL_DISTRIBUTIONS:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
+    return {name: installed_version(name) for name in TOOL_DISTRIBUTIONS}
 
 
 def sha256_file(path: Path) -> str:

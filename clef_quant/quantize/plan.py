@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from clef_quant.formatting import first_few
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.recipes import KEEP_BF16, is_kept_bf16
 from clef_quant.quantize.schemes import BF16, fused_groups_of, module_kind, scheme_label
@@ -104,8 +105,7 @@ def _matches(name: str, module: Any, target: str) -> bool:
 
 
 def _listing(names: list[str]) -> str:
-    shown = ", ".join(names[:MAX_LISTED])
-    return shown + (f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else "")
+    return first_few(names, MAX_LISTED, separator=", ")
 
 
 def _refuse_keep_list(schemes: dict[str, str]) -> None:

@@ -32,6 +32,8 @@ SCHEMES: dict[str, str] = {
     "w4a16": "w4a16.yaml",
 }
 CUSTOM_SCHEME = "custom"
+# Not a recipe: a per-layer mix chosen from a scan (quantize/auto.py).
+AUTO_SCHEME = "auto"
 
 # Modules that stay bf16 in every quantized release, in llm-compressor's target syntax (`re:` = re.match from
 # the start of the module name, otherwise an exact name). The recipes' ignore lists hold the same entries;

@@ -35,6 +35,7 @@ from typing import Any
 
 from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, DEFAULT_MAX_SEQ_LEN, draw, read_request_bodies
 from clef_quant.quantize.errors import QuantizeError
+from clef_quant.quantize.inputs import check_device
 from clef_quant.quantize.progress import NoProgress, Progress
 from clef_quant.quantize.recipes import load_recipe
 from clef_quant.quantize.scan_file import (
@@ -148,8 +149,7 @@ def _check(config: ScanConfig) -> tuple[Path, dict[str, Any], list[dict], list[d
         raise QuantizeError("--heldout must be at least 1")
     if config.calibration_records < 1:
         raise QuantizeError("--calibration-records must be at least 1")
-    if config.device != "cpu" and not config.device.startswith("cuda"):
-        raise QuantizeError(f"--device must be cpu or cuda, not {config.device}")
+    check_device(config.device)
     source_dir = resolve_release(config.source, config.revision).absolute()
     try:
         source_config = json.loads((source_dir / "config.json").read_text(encoding="utf-8"))

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from clef_quant.devices import device_problem
+from clef_quant.formatting import gib
 from clef_quant.tiny.backbone_config import backbone_config, meta_model, placeholder_ids
 from clef_quant.tiny.sizes import SIZES, Size
 from clef_quant.tiny.weights import plan_shards
@@ -29,10 +31,9 @@ def check_request(out_dir: Path, size: str, seed: int, device: str, overwrite: b
         problems.append(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
     if not 0 <= seed < 2**63:
         problems.append(f"seed must be between 0 and 2**63 - 1, not {seed}")
-    if device != "cpu" and device != "cuda" and not device.startswith("cuda:"):
-        problems.append(f"device must be cpu or cuda, not {device!r}")
-    elif device.startswith("cuda") and not torch.cuda.is_available():
-        problems.append(f"device {device} asked for, but torch sees no CUDA device")
+    device_refusal = device_problem(device)
+    if device_refusal is not None:
+        problems.append(device_refusal)
     if out_dir.exists():
         if not overwrite:
             problems.append(f"{out_dir} already exists; pass --overwrite to replace it")
@@ -61,19 +62,19 @@ def _resource_problems(out_dir: Path, spec: Size, device: str) -> list[str]:
     if host_free is not None and host_free < host_needed:
         hint = " (build the flash size on a GPU: --device cuda)" if device == "cpu" else ""
         problems.append(
-            f"size {spec.name} needs about {_gib(host_needed)} of free memory on the host, "
-            f"{_gib(host_free)} is available{hint}"
+            f"size {spec.name} needs about {gib(host_needed)} of free memory on the host, "
+            f"{gib(host_free)} is available{hint}"
         )
     if device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         if free < largest + _MARGIN_BYTES:
-            problems.append(f"size {spec.name} needs about {_gib(largest + _MARGIN_BYTES)} free on {device}")
+            problems.append(f"size {spec.name} needs about {gib(largest + _MARGIN_BYTES)} free on {device}")
     existing = out_dir.parent
     while not existing.exists():
         existing = existing.parent
     disk_free = shutil.disk_usage(existing).free
     if disk_free < total + _MARGIN_BYTES:
-        problems.append(f"size {spec.name} writes {_gib(total)}; {existing} has {_gib(disk_free)} free")
+        problems.append(f"size {spec.name} writes {gib(total)}; {existing} has {gib(disk_free)} free")
     return problems
 
 
@@ -87,6 +88,3 @@ def _available_host_memory() -> int | None:
         pass
     return None
 
-
-def _gib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**30:.1f} GiB"

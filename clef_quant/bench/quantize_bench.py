@@ -5,7 +5,7 @@ user of llm-compressor writes: load the model from disk, `oneshot` with the same
 family, the same calibration token ids), `save_pretrained(save_compressed=True)`. "clef" is `clef-quant
 quantize` end to end (load, plan, calibrate, save, copy head and tokenizer, hash, manifest, rename).
 
-    python -m clef_quant.quantize.benchmark /scratch/flash --work /scratch/bench --device cuda \\
+    python -m clef_quant.bench.quantize_bench /scratch/flash --work /scratch/bench --device cuda \\
         --scheme fp8-dynamic --scheme nvfp4 --records 512 --max-seq-len 2048 \\
         --results bench/results/quantize-h200.json
 
@@ -24,7 +24,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clef_quant.quantize.run import QuantizeResult
 
 GOAL_RATIO = 1.3
 GOAL_FP8_SECONDS = 120.0
@@ -76,21 +79,36 @@ def run_plain(source: Path, out: Path, scheme: str, records: int, max_seq_len: i
     return {"seconds": seconds, **_peaks(device)}
 
 
-def run_clef(source: Path, out: Path, scheme: str, records: int, max_seq_len: int, device: str) -> dict[str, Any]:
-    started = time.perf_counter()
+def quantize_into(
+    source: Path,
+    out: Path,
+    scheme: str,
+    *,
+    calibration_records: int,
+    max_seq_len: int,
+    device: str = "cpu",
+    **auto: Any,
+) -> QuantizeResult:
+    """`clef-quant quantize` end to end into `out` (replaced if there), as every quantize benchmark measures it;
+    `auto` holds the scan and target of `--scheme auto`."""
     from clef_quant.quantize.run import QuantizeConfig, quantize
 
-    result = quantize(
-        QuantizeConfig(
-            source=str(source),
-            out=out,
-            scheme=scheme,
-            calibration_records=records,
-            max_seq_len=max_seq_len,
-            device=device,
-            overwrite=True,
-        )
+    config = QuantizeConfig(
+        source=str(source),
+        out=out,
+        scheme=scheme,
+        calibration_records=calibration_records,
+        max_seq_len=max_seq_len,
+        device=device,
+        overwrite=True,
+        **auto,
     )
+    return quantize(config)
+
+
+def run_clef(source: Path, out: Path, scheme: str, records: int, max_seq_len: int, device: str) -> dict[str, Any]:
+    started = time.perf_counter()
+    result = quantize_into(source, out, scheme, calibration_records=records, max_seq_len=max_seq_len, device=device)
     seconds = {**result.timings, "total": time.perf_counter() - started}
     return {"seconds": seconds, **_peaks(device), "calibration": result.calibration.to_dict()}
 
@@ -98,7 +116,7 @@ def run_clef(source: Path, out: Path, scheme: str, records: int, max_seq_len: in
 def _child(kind: str, args: argparse.Namespace, scheme: str) -> dict[str, Any]:
     out = Path(args.work) / f"{kind}-{scheme}"
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "-m", "clef_quant.quantize.benchmark", "--child", kind, str(args.source)]
+    command = [sys.executable, "-m", "clef_quant.bench.quantize_bench", "--child", kind, str(args.source)]
     command += ["--work", str(args.work), "--scheme", scheme, "--records", str(args.records)]
     command += ["--max-seq-len", str(args.max_seq_len), "--device", args.device]
     started = time.perf_counter()

@@ -1,0 +1,60 @@
+"""How numbers and lists of problems read in messages, tables and cards: written once so they read alike.
+
+Sizes on disk and in memory use binary units (`1.5 GiB`) where they are compared with memory; sizes that
+report what a build wrote use decimal units (`19.0 GB`), as file managers and the Hub show them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+_BINARY_UNITS = ("KiB", "MiB", "GiB")
+_DECIMAL_UNITS = (("GB", 10**9), ("MB", 10**6), ("kB", 10**3))
+_COUNT_UNITS = (("B", 10**9), ("M", 10**6), ("K", 10**3))
+
+
+def binary_size(num_bytes: float | None) -> str:
+    """`512 B`, `1.5 KiB` ... up to GiB (a terabyte reads `1024.0 GiB`); empty for None."""
+    if num_bytes is None:
+        return ""
+    if num_bytes < 1024:
+        return f"{int(num_bytes)} B"
+    value = float(num_bytes)
+    for unit in _BINARY_UNITS:
+        value /= 1024
+        if value < 1024 or unit == _BINARY_UNITS[-1]:
+            break
+    return f"{value:.1f} {unit}"
+
+
+def gib(num_bytes: float) -> str:
+    """Always in GiB, for memory and disk requirements that are compared with each other."""
+    return f"{num_bytes / 2**30:.1f} GiB"
+
+
+def decimal_size(num_bytes: int) -> str:
+    """`999 B`, `4.5 MB`, `19.0 GB`."""
+    for unit, scale in _DECIMAL_UNITS:
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.1f} {unit}"
+    return f"{num_bytes} B"
+
+
+def count(n: int) -> str:
+    """Parameter and token counts: `2.18 M`, `9.53 B`, `950`."""
+    for unit, scale in _COUNT_UNITS:
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return str(n)
+
+
+def seconds(value: float) -> str:
+    """A duration as the summaries show it: `12.3 s`."""
+    return f"{value:.1f} s"
+
+
+def first_few(items: Sequence[object], limit: int, separator: str = "; ") -> str:
+    """The first `limit` items joined, and how many more there are: `a; b; c (and 4 more)`."""
+    shown = separator.join(str(item) for item in items[:limit])
+    hidden = len(items) - limit
+    return f"{shown} (and {hidden} more)" if hidden > 0 else shown
