@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import zlib
 
 import httpx
@@ -204,3 +205,109 @@ def test_cli_flags_have_documented_defaults():
     args = parse_args(["--model", "x"])
     assert (args.header_timeout, args.body_timeout, args.idle_timeout, args.max_connections) == (10.0, 60.0, 5.0, 512)
     assert args.max_body_mb == 13.0
+
+
+# -- clef-systemone refuses bad flags as clef-quant does: one `error:` line, exit 2 ---------------------------
+
+
+def refused_line(capsys, call) -> str:
+    with pytest.raises(SystemExit) as info:
+        call()
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param([], "the following arguments are required: --model", id="no-model"),
+        pytest.param(["--model", "m", "--port", "http"], "argument --port: invalid int value: 'http'", id="port-text"),
+        pytest.param(["--model", "m", "--port", "70000"], "--port must be at most 65535, not 70000", id="port-high"),
+        pytest.param(["--model", "m", "--max-connections", "0"], "--max-connections must be >= 1, not 0", id="conns"),
+        pytest.param(["--model", "m", "--body-timeout", "0"], "--body-timeout must be > 0, not 0.0", id="timeout"),
+        pytest.param(["--model", "m", "--limit-images", "-1"], "--limit-images must be >= 0, not -1", id="images"),
+        pytest.param(["--model", "m", "--no-such-flag"], "unrecognized arguments: --no-such-flag", id="unknown"),
+    ],
+)
+def test_bad_server_flags_are_one_line(capsys, argv: list[str], message: str) -> None:
+    from clef_vllm.server.cli import parse_args
+
+    assert refused_line(capsys, lambda: parse_args(argv)) == f"error: {message}"
+
+
+def test_a_model_that_is_not_a_release_is_one_line(capsys, tmp_path) -> None:
+    from clef_vllm.server.cli import main
+
+    missing = tmp_path / "nowhere" / "at" / "all"
+    line = refused_line(capsys, lambda: main(["--model", str(missing)]))
+    assert line == f"error: {missing} is neither a folder nor a Hub id"
+    line = refused_line(capsys, lambda: main(["--model", str(tmp_path)]))
+    assert line == f"error: {tmp_path} is not a release folder (no config.json)"
+
+
+# -- vLLM's warnings, each once ------------------------------------------------------------------------------
+
+
+def vllm_record(message: str, level: int = logging.WARNING, name: str = "vllm.v1.worker.cpu_worker"):
+    return logging.LogRecord(name, level, "cpu_worker.py", 114, message, None, None)
+
+
+def test_the_same_warning_twice_is_one_line() -> None:
+    import io
+
+    from clef_vllm.vllm_logs import WarningsOnce
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(WarningsOnce())
+    for _ in range(2):
+        handler.handle(vllm_record("libtcmalloc is not found in LD_PRELOAD."))
+        handler.handle(vllm_record("CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding"))
+        handler.handle(vllm_record("the engine core died", logging.ERROR))
+        handler.handle(vllm_record("not ours", name="transformers"))
+    assert stream.getvalue().splitlines() == [
+        "libtcmalloc is not found in LD_PRELOAD.",
+        "the engine core died",
+        "not ours",
+        "the engine core died",
+        "not ours",
+    ]
+
+
+def test_a_record_seen_by_its_logger_and_a_handler_is_judged_once() -> None:
+    from clef_vllm.vllm_logs import WarningsOnce
+
+    once = WarningsOnce()
+    record = vllm_record("Reset SSM cache type to float32")
+    assert once.filter(record) and once.filter(record)  # the logger's filter, then the handler's
+    assert not once.filter(vllm_record("Reset SSM cache type to float32"))
+
+
+def test_starting_twice_installs_one_filter_that_survives_vllm_reconfiguring(monkeypatch) -> None:
+    import io
+
+    from vllm import logger as vllm_logger
+
+    from clef_vllm.vllm_logs import WARNINGS_ONCE, show_vllm_warnings_once
+
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    show_vllm_warnings_once()
+    show_vllm_warnings_once()
+    vllm = logging.getLogger("vllm")
+    assert vllm.filters.count(WARNINGS_ONCE) == 1
+    assert all(h.filters.count(WARNINGS_ONCE) == 1 for h in vllm.handlers)
+
+    stream = io.StringIO()
+    vllm_logger._configure_vllm_root_logger()  # what every engine start does: a new handler from the defaults
+    (handler,) = vllm.handlers
+    previous = handler.setStream(stream)
+    try:
+        for _ in range(2):
+            logging.getLogger("vllm.test_start").warning("a warning only a second engine would repeat")
+    finally:
+        handler.setStream(previous)
+    assert stream.getvalue().count("a warning only a second engine would repeat") == 1

@@ -15,17 +15,15 @@ from typing import ParamSpec, TypeVar
 
 import typer
 
-from clef_vllm.errors import ClefError
+from clef_vllm.errors import USAGE_EXIT, ClefError, usage_error_line
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-USAGE_EXIT = 2
-
 
 def fail(message: str, hint: str | None = None) -> typer.Exit:
     """Print `message` (and a hint for the next step) and return the exit to raise."""
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    typer.secho(usage_error_line(message), fg=typer.colors.RED, err=True)
     if hint:
         typer.echo(f"hint: {hint}", err=True)
     return typer.Exit(USAGE_EXIT)

@@ -87,4 +87,3 @@ def _available_host_memory() -> int | None:
     except OSError:
         pass
     return None
-

@@ -40,13 +40,10 @@ def answer(question: Question, probabilities: Sequence[float]) -> dict[str, Any]
     }
 
 
-def build_response(
-    request: ClefRequest, probabilities: Sequence[Sequence[float]], input_tokens: int
-) -> dict[str, Any]:
+def build_response(request: ClefRequest, probabilities: Sequence[Sequence[float]], input_tokens: int) -> dict[str, Any]:
     """The response body: one answer per question in request order, and the prompt length as usage."""
     answers = {
-        question.id: answer(question, probs)
-        for question, probs in zip(request.questions, probabilities, strict=True)
+        question.id: answer(question, probs) for question, probs in zip(request.questions, probabilities, strict=True)
     }
     return {
         "model": request.model,

@@ -35,6 +35,7 @@ from clef_vllm.errors import CheckpointError, RequestError, SettingsError
 from clef_vllm.plugin import ARCHITECTURE
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
+from clef_vllm.vllm_logs import show_vllm_warnings_once
 
 CPU_KV_CACHE_GIB = "2"
 
@@ -171,7 +172,9 @@ class ClefEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         self.processor = load_processor(self.model, limits)
         apply_cpu_defaults()
+        show_vllm_warnings_once()
         self.llm = LLM(**args)
+        show_vllm_warnings_once()  # again: the engine's modules brought their own loggers
         if _in_process_core(self.llm) is not None:
             _IN_PROCESS_ENGINES.add(self)
 

@@ -5,6 +5,14 @@ Each carries a message meant to be shown as it is: one line, naming the field or
 
 from __future__ import annotations
 
+# What a command exits with when what it was given is wrong (argparse and click use 2 for usage errors too).
+USAGE_EXIT = 2
+
+
+def usage_error_line(message: str) -> str:
+    """The one line a command (clef-systemone, clef-quant) prints on stderr when it refuses its input."""
+    return f"error: {message}"
+
 
 class ClefError(Exception):
     """Base class: a problem with user input, never a bug in our code."""

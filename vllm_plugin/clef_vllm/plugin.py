@@ -15,6 +15,10 @@ _MODEL_CLASS = "clef_vllm.vllm_model:ClefFlashForJointSchema"
 def register() -> None:
     from vllm import ModelRegistry
 
+    from clef_vllm.vllm_logs import show_vllm_warnings_once
+
+    show_vllm_warnings_once()  # also in the engine core and worker processes, which call register() too
+
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, _MODEL_CLASS)
     _register_config_hook()

@@ -23,6 +23,7 @@ from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
 from clef_vllm.engine import apply_cpu_defaults, engine_args, engine_prompt, load_processor, schedule_args
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
+from clef_vllm.vllm_logs import show_vllm_warnings_once
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,9 @@ class EngineBackend:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         apply_cpu_defaults()
+        show_vllm_warnings_once()
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.config.engine_kwargs()))
+        show_vllm_warnings_once()  # again: the engine's modules brought their own loggers
 
     @property
     def dead(self) -> bool:

@@ -1,4 +1,8 @@
-"""`clef-systemone --model DIR`: serve a Clef-Flash folder behind `POST /v1/systemone`."""
+"""`clef-systemone --model DIR`: serve a Clef-Flash folder behind `POST /v1/systemone`.
+
+Bad flags and settings end as clef-quant's do: one `error:` line on stderr and exit status 2, never a
+traceback or argparse's usage block.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,46 @@ import logging
 import os
 import sys
 from dataclasses import replace
+from typing import NoReturn
 
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH
+from clef_vllm.errors import USAGE_EXIT, ClefError, SettingsError, usage_error_line
 from clef_vllm.media import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_VIDEO_FRAMES
 from clef_vllm.request import DEFAULT_LIMITS, MAX_IMAGES, MAX_VIDEOS, Limits
 from clef_vllm.server.connections import ConnectionLimits
 
 API_KEY_ENV = "CLEF_SYSTEMONE_API_KEY"
+# Flags with a lower bound: name -> (least value, how the message says it).
+_LOWER_BOUNDS = {
+    "port": (0, ">= 0"),
+    "max_body_mb": (1e-9, "> 0"),
+    "header_timeout": (1e-9, "> 0"),
+    "body_timeout": (1e-9, "> 0"),
+    "idle_timeout": (0, ">= 0"),
+    "max_connections": (1, ">= 1"),
+    "max_model_len": (1, ">= 1"),
+    "tp": (1, ">= 1"),
+    "dp": (1, ">= 1"),
+    "limit_images": (0, ">= 0"),
+    "limit_videos": (0, ">= 0"),
+    "max_image_pixels": (1, ">= 1"),
+    "max_video_frames": (1, ">= 1"),
+}
+
+
+def refuse(message: str) -> NoReturn:
+    """End the command on input it cannot use: one line on stderr, exit status 2."""
+    print(usage_error_line(message), file=sys.stderr)
+    raise SystemExit(USAGE_EXIT)
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        refuse(message)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="clef-systemone",
         description="Serve a Clef-Flash checkpoint (original or quantized) with the SystemOne API.",
         epilog="Example: clef-systemone --model artifacts/tiny --port 8000",
@@ -94,9 +127,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="text only: refuse images and videos and do not load the vision tower",
     )
     args = parser.parse_args(argv)
-    for name in ("limit_images", "limit_videos", "max_image_pixels", "max_video_frames"):
-        if getattr(args, name) < (0 if name.startswith("limit") else 1):
-            parser.error(f"--{name.replace('_', '-')} must be {'>= 0' if name.startswith('limit') else '>= 1'}")
+    for name, (least, wording) in _LOWER_BOUNDS.items():
+        if getattr(args, name) < least:
+            refuse(f"--{name.replace('_', '-')} must be {wording}, not {getattr(args, name)}")
+    if args.port > 65535:
+        refuse(f"--port must be at most 65535, not {args.port}")
     return args
 
 
@@ -117,7 +152,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import uvicorn
 
-    from clef_vllm.errors import SettingsError
     from clef_vllm.server.app import create_app
     from clef_vllm.server.backend import EngineBackend, ServeConfig
     from clef_vllm.server.connections import guarded_protocol
@@ -139,11 +173,13 @@ def main(argv: list[str] | None = None) -> None:
         extra_engine_args={"enforce_eager": True} if args.enforce_eager else {},
     )
     if not os.path.isdir(config.model) and config.model.count("/") != 1:
-        sys.exit(f"error: {config.model} is neither a folder nor a Hub id")
+        refuse(f"{config.model} is neither a folder nor a Hub id")
+    if os.path.isdir(config.model) and not os.path.isfile(os.path.join(config.model, "config.json")):
+        refuse(f"{config.model} is not a release folder (no config.json)")
     try:
         config.check()
     except SettingsError as exc:
-        sys.exit(f"error: {exc} (--no-batch-invariant)")
+        refuse(f"{exc} (--no-batch-invariant)")
     limits = ConnectionLimits(args.header_timeout, args.body_timeout, args.max_connections)
     _log_requests()
     died = False
@@ -153,7 +189,13 @@ def main(argv: list[str] | None = None) -> None:
         died = True
         server.should_exit = True
 
-    app = create_app(EngineBackend(config), on_engine_death=on_engine_death)
+    try:
+        backend = EngineBackend(config)
+    except ClefError as exc:
+        refuse(str(exc))
+    except OSError as exc:  # transformers' word for a folder or Hub id without a usable tokenizer
+        refuse(f"cannot load {config.model}: {str(exc).strip().splitlines()[0]}")
+    app = create_app(backend, on_engine_death=on_engine_death)
     server = uvicorn.Server(
         uvicorn.Config(
             app,

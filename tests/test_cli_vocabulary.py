@@ -1,0 +1,150 @@
+"""The options every command shares (`--device`, `--scheme`, `--size`, `--dtype`, `--repo-id`) are checked in one
+place: a bad value is refused before anything loads, in one `error:` line that says what is accepted, exit 2."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from clef_quant.cli import app
+from clef_quant.devices import device_problem
+from clef_quant.formatting import binary_size, count, decimal_size, first_few
+from clef_quant.quantize.recipes import SCHEMES
+from clef_quant.quantize.scan import SCANNABLE
+from clef_quant.tiny.sizes import SIZES
+
+CLI_DIR = Path(__file__).resolve().parents[1] / "clef_quant" / "cli"
+
+
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch):
+    monkeypatch.delenv("CLEF_QUANT_DEBUG", raising=False)
+
+
+def refused(args: list[str]) -> str:
+    """Run the CLI; it must refuse with exactly one `error:` line on stderr, nothing on stdout, exit 2."""
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def commands_with_device(tmp_path: Path) -> dict[str, list[str]]:
+    data = tmp_path / "data"
+    return {
+        "quantize": ["quantize", tmp_path, "--out", tmp_path / "out", "--scheme", "fp8-dynamic"],
+        "scan": ["scan", tmp_path, "--out", tmp_path / "scan"],
+        "make-tiny": ["make-tiny", tmp_path / "tiny"],
+        "eval": ["eval", "--reference", tmp_path, "--candidate", tmp_path, "--data", data, "--out", tmp_path / "r"],
+        "score": ["score", "--model", tmp_path, tmp_path / "request.json"],
+        "bench head": ["bench", "head"],
+        "bench throughput": ["bench", "throughput", "--reference", tmp_path, "--data", data],
+    }
+
+
+@pytest.mark.parametrize("device", ["cuda:x", "tpu", "cuda:", "CPU", "cuda:0:1"])
+@pytest.mark.parametrize(
+    "command", ["quantize", "scan", "make-tiny", "eval", "score", "bench head", "bench throughput"]
+)
+def test_a_malformed_device_is_one_line_everywhere(tmp_path: Path, command: str, device: str) -> None:
+    line = refused([*commands_with_device(tmp_path)[command], "--device", device])
+    assert line == f"error: --device must be cpu or cuda[:N], not {device!r}"
+    assert not (tmp_path / "out").exists() and not (tmp_path / "tiny").exists()
+
+
+def test_device_names_follow_torch() -> None:
+    assert device_problem("cpu") is None
+    for bad in ("gpu", "cuda:-1", "cuda:1x", " cpu"):
+        assert device_problem(bad) == f"--device must be cpu or cuda[:N], not {bad!r}"
+
+
+def test_a_cuda_device_this_machine_lacks_is_refused() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        beyond = f"cuda:{torch.cuda.device_count()}"
+        assert "CUDA device(s)" in (device_problem(beyond) or "")
+        assert device_problem("cuda:0") is None
+    else:
+        assert device_problem("cuda:0") == "--device cuda:0 was given, but no CUDA device is available"
+
+
+@pytest.mark.parametrize(
+    ("args", "choices"),
+    [
+        (["quantize", "SRC", "--out", "OUT", "--scheme", "int3"], [*SCHEMES, "auto"]),
+        (["bench", "quantize", "--model", "SRC", "--work", "W", "--scheme", "int3"], [*SCHEMES, "auto"]),
+    ],
+)
+def test_an_unknown_scheme_lists_every_scheme(args: list[str], choices: list[str]) -> None:
+    line = refused(args)
+    assert line == f"error: unknown scheme 'int3'; choose one of {', '.join(choices)}"
+
+
+def test_scan_names_the_schemes_it_can_scan() -> None:
+    line = refused(["scan", "SRC", "--out", "OUT", "--scheme", "nvfp4", "--scheme", "nvfp4-awq"])
+    assert line == f"error: cannot scan nvfp4-awq; choose one of {', '.join(SCANNABLE)}"
+
+
+def test_an_unknown_size_lists_the_sizes(tmp_path: Path) -> None:
+    line = refused(["make-tiny", tmp_path / "t", "--size", "huge"])
+    assert line == f"error: unknown size 'huge'; choose one of {', '.join(SIZES)}"
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("command", [["bench", "head"], ["score", "--model", "M", "R.json"]])
+def test_an_unknown_dtype_lists_the_dtypes(command: list[str]) -> None:
+    assert refused([*command, "--dtype", "int8"]) == "error: --dtype cannot be 'int8'; choose one of bfloat16, float32"
+
+
+@pytest.mark.parametrize("command", ["card", "upload"])
+def test_a_bad_repo_id_is_refused_before_the_folder_is_read(tmp_path: Path, command: str) -> None:
+    args = [command, tmp_path / "missing", "--repo-id", "no-slash"]
+    if command == "card":
+        args += ["--results", tmp_path]
+    assert refused(args) == "error: --repo-id must be ORG/NAME, not 'no-slash'"
+
+
+def test_help_lists_the_choices() -> None:
+    text = CliRunner().invoke(app, ["make-tiny", "--help"]).stdout
+    words = " ".join(text.replace("│", " ").split())  # the help panel wraps and frames its lines
+    assert "One of tiny, small, flash." in words
+
+
+def test_numbers_read_alike_everywhere() -> None:
+    assert [binary_size(n) for n in (None, 512, 1536, 5 * 2**20, 3 * 2**30, 2**41)] == [
+        "",
+        "512 B",
+        "1.5 KiB",
+        "5.0 MiB",
+        "3.0 GiB",
+        "2048.0 GiB",
+    ]
+    assert [decimal_size(n) for n in (999, 4_500_000, 19_000_000_000)] == ["999 B", "4.5 MB", "19.0 GB"]
+    assert [count(n) for n in (950, 2_180_000, 9_530_000_000)] == ["950", "2.18 M", "9.53 B"]
+
+
+def test_long_problem_lists_are_cut_with_a_count() -> None:
+    assert first_few(["a", "b"], 3) == "a; b"
+    assert first_few(["a", "b", "c", "d", "e"], 3) == "a; b; c (and 2 more)"
+    assert first_few(["x", "y", "z"], 1, separator=", ") == "x (and 2 more)"
+
+
+def test_only_the_output_module_makes_a_results_console() -> None:
+    """Tables go through results_console (full width into files and pipes); bars through the progress module."""
+    allowed = {"_output.py", "_progress.py"}
+    for path in CLI_DIR.glob("*.py"):
+        if path.name in allowed:
+            continue
+        calls = [
+            node
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Console"
+        ]
+        assert not calls, f"{path.name} builds its own rich Console"
