@@ -4,6 +4,7 @@ place: a bad value is refused before anything loads, in one `error:` line that s
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,16 @@ def test_only_the_output_module_makes_a_results_console() -> None:
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Console"
         ]
         assert not calls, f"{path.name} builds its own rich Console"
+
+
+def test_bench_quantize_reports_each_scheme(tiny_dir: Path, tmp_path: Path) -> None:
+    """`clef-quant bench quantize` quantizes through the benchmarks' one quantize call and writes both reports."""
+    out = tmp_path / "quality.md"
+    args = ["bench", "quantize", "--model", tiny_dir, "--work", tmp_path / "work", "--scheme", "fp8-dynamic"]
+    result = CliRunner().invoke(app, [str(a) for a in [*args, "--out", out]])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert f"wrote {out}" in result.stdout
+    (row,) = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert row["scheme"] == "fp8-dynamic" and 0 < row["backbone_bytes"] < row["source_bytes"]
+    assert (tmp_path / "work" / f"{tiny_dir.name}-fp8-dynamic" / "clef_quant.json").is_file()
+    assert "| fp8-dynamic |" in out.read_text()

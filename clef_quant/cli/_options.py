@@ -88,7 +88,6 @@ SizeOption = Annotated[
         "9.4 B parameters, 19 GB, build with --device cuda.",
     ),
 ]
-VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Show the underlying tools' own logs.")]
 ModelOption = Annotated[
     str,
     typer.Option("--model", "-m", help="Release folder, or a Hub id (ORG/NAME) when the Hub is reachable."),
