@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clef_quant.devices import is_cuda
+
 if TYPE_CHECKING:
     from clef_quant.quantize.run import QuantizeResult
 
@@ -36,7 +38,7 @@ GOAL_HOST_RATIO = 1.3
 
 def _peaks(device: str) -> dict[str, int | None]:
     gpu = None
-    if device.startswith("cuda"):
+    if is_cuda(device):
         import torch
 
         gpu = int(torch.cuda.max_memory_allocated())

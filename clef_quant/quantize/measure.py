@@ -7,6 +7,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from clef_quant.devices import is_cuda
+
 
 @contextmanager
 def timed(timings: dict[str, float], name: str) -> Iterator[None]:
@@ -25,7 +27,7 @@ def peak_host_bytes() -> int:
 
 def peak_gpu_bytes(device: str) -> int | None:
     """Peak CUDA memory allocated so far; None on the CPU."""
-    if not device.startswith("cuda"):
+    if not is_cuda(device):
         return None
     import torch
 

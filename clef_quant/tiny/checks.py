@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from clef_quant.devices import device_problem
+from clef_quant.devices import device_problem, is_cuda
 from clef_quant.formatting import gib
 from clef_quant.tiny.backbone_config import backbone_config, meta_model, placeholder_ids
 from clef_quant.tiny.sizes import SIZES, Size
@@ -65,7 +65,7 @@ def _resource_problems(out_dir: Path, spec: Size, device: str) -> list[str]:
             f"size {spec.name} needs about {gib(host_needed)} of free memory on the host, "
             f"{gib(host_free)} is available{hint}"
         )
-    if device.startswith("cuda"):
+    if is_cuda(device):
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         if free < largest + _MARGIN_BYTES:
             problems.append(f"size {spec.name} needs about {gib(largest + _MARGIN_BYTES)} free on {device}")
