@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.evaluation.errors import DataError
+from clef_quant.formatting import first_few
 from clef_vllm.encoding import Encoding
 
 # Distributions whose versions can change scores.
@@ -274,6 +275,4 @@ class ProbabilityStore:
 
 def describe_rejected(rejected: list[Rejected]) -> str:
     """`N (id (why), ...)`: the count and the first few, for a report line."""
-    shown = ", ".join(str(r) for r in rejected[:SHOWN_IDS])
-    more = f", and {len(rejected) - SHOWN_IDS} more" if len(rejected) > SHOWN_IDS else ""
-    return f"{len(rejected)}: {shown}{more}"
+    return f"{len(rejected)}: {first_few(rejected, SHOWN_IDS, separator=', ')}"
