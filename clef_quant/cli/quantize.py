@@ -101,9 +101,9 @@ def quantize(
         for key, value in QUIET_ENV.items():
             os.environ.setdefault(key, value)
 
-    from clef_quant.quantize.errors import Interrupted
     from clef_quant.quantize.run import QuantizeConfig
     from clef_quant.quantize.run import quantize as run_quantize
+    from clef_quant.release_folder.errors import Interrupted
 
     config = QuantizeConfig(
         source=source,

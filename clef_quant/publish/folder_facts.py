@@ -14,8 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from clef_quant.publish.folder import ASSETS_DIR, CARD_FILE, COPIED_TREES
-from clef_quant.quantize.manifest import MANIFEST_FILE
+from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, COPIED_TREES, MANIFEST_FILE, is_card_owned
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
 
 OTHER = "other"
@@ -180,5 +179,6 @@ def file_kind(name: str) -> str:
 
 
 def staged_sizes(staging: Path) -> dict[str, int]:
-    """Size of every file under `staging`, by its path relative to it."""
-    return {p.relative_to(staging).as_posix(): p.stat().st_size for p in staging.rglob("*") if p.is_file()}
+    """Size of every card file under `staging`, by its path relative to it (the writer marker is no card file)."""
+    found = {p.relative_to(staging).as_posix(): p for p in staging.rglob("*") if p.is_file()}
+    return {name: path.stat().st_size for name, path in found.items() if is_card_owned(name)}
