@@ -13,6 +13,7 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ from clef_quant.publish.provenance import resolve_base_model, resolve_license
 from clef_quant.publish.provenance import source_front_matter as read_source_front_matter
 from clef_quant.quantize.inspect import inspect_checkpoint
 from clef_quant.release_folder.manifest import MANIFEST_FILE, read_manifest
+from clef_quant.release_folder.writer import OWNER_FILE, Writer, boot_id, process_start_ticks
 from clef_vllm.request import parse_request
 from tests.hub_server import AGENT_REGISTRY, LocalHub
 
@@ -271,6 +273,7 @@ def test_card_files_join_the_manifest_and_inspect_passes(carded: Path) -> None:
     assert {f"scripts/{n}" for n in tree_files(REPO / "scripts")} <= added
     assert not any("__pycache__" in n or ".egg-info" in n or n.endswith(".pyc") for n in added)
     assert added <= set(manifest["files"]) and section["repo_id"] == REPO_ID
+    assert [p.name for p in carded.parent.iterdir()] == [carded.name]  # the staging folder is gone
     report = inspect_checkpoint(carded)
     assert report.ok, report.violations
 
@@ -284,6 +287,27 @@ def test_card_again_replaces_its_own_files(quantized_dir: Any, results_dir: Path
     assert again.exit_code == 0, again.output
     assert not (folder / "assets").exists()
     assert inspect_checkpoint(folder).ok
+
+
+@pytest.mark.slow
+def test_card_never_removes_a_staging_folder_a_live_run_writes(
+    quantized_dir: Any, results_dir: Path, tmp_path: Path
+) -> None:
+    folder = fresh_copy(quantized_dir, tmp_path)
+    staging = tmp_path / f"{folder.name}.card.partial"
+    staging.mkdir()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        writer = Writer(live.pid, process_start_ticks(live.pid), boot_id(), socket.gethostname())
+        (staging / OWNER_FILE).write_text(writer.to_json())
+        (staging / "README.md").write_text("being written")
+        result = write_card(folder, results_dir)
+    finally:
+        live.kill()
+        live.wait()
+    assert result.exit_code == 2
+    assert f"{staging} is being written by process {live.pid}; wait for it or stop it" in result.output
+    assert (staging / "README.md").read_text() == "being written" and not (folder / "README.md").exists()
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, COPIED_TREES, MANIFEST_FILE, is_card_owned
+from clef_quant.publish.folder import staged_card_files
+from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, COPIED_TREES, MANIFEST_FILE
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
 
 OTHER = "other"
@@ -180,5 +181,4 @@ def file_kind(name: str) -> str:
 
 def staged_sizes(staging: Path) -> dict[str, int]:
     """Size of every card file under `staging`, by its path relative to it (the writer marker is no card file)."""
-    found = {p.relative_to(staging).as_posix(): p for p in staging.rglob("*") if p.is_file()}
-    return {name: path.stat().st_size for name, path in found.items() if is_card_owned(name)}
+    return {name: (staging / name).stat().st_size for name in staged_card_files(staging)}
