@@ -28,8 +28,9 @@ from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.fused_scales import QKVZ_GROUP, fused_global_scales
 from clef_quant.quantize.inspect import inspect_checkpoint
 from clef_quant.quantize.inspect_report import CHECK_FUSED, CHECK_HEAD, CHECK_KEEP, CHECK_MANIFEST
-from clef_quant.quantize.manifest import MANIFEST_FILE, TOOL_DISTRIBUTIONS, sha256_file, verify_manifest
 from clef_quant.quantize.recipes import SCHEMES, fill, is_kept_bf16, layer_variables, load_recipe, matches_target
+from clef_quant.release_folder.manifest import MANIFEST_FILE, sha256_file, verify_manifest
+from clef_quant.release_folder.versions import RELEASE_TOOLS
 
 # The round-to-nearest schemes; the others (GPTQ, AWQ, MSE, FP8 block, W4A16) are in test_quality.py.
 SCHEME_LIST = ["fp8-dynamic", "nvfp4", "nvfp4-hybrid", "nvfp4a16"]
@@ -189,7 +190,7 @@ def test_manifest_records_source_recipe_tools_calibration_and_hashes(
     assert manifest["scheme"] == scheme
     assert manifest["source"] == {"id": str(tiny_dir), "revision": None, "local": True}
     assert manifest["recipe"]["text"] == (Path("recipes") / SCHEMES[scheme]).read_text()
-    assert set(manifest["tools"]) == set(TOOL_DISTRIBUTIONS) and all(manifest["tools"].values())
+    assert set(manifest["tools"]) == set(RELEASE_TOOLS) and all(manifest["tools"].values())
     files = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()} - {MANIFEST_FILE}
     assert set(manifest["files"]) == files
     assert verify_manifest(folder) == []

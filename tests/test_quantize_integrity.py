@@ -21,8 +21,8 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_quant.cli import app
-from clef_quant.quantize.manifest import MANIFEST_FILE, sha256_file
-from clef_quant.quantize.writer import OWNER_FILE, Writer, process_start_ticks
+from clef_quant.release_folder.manifest import MANIFEST_FILE, sha256_file
+from clef_quant.release_folder.writer import OWNER_FILE, Writer, process_start_ticks
 
 DRIVER = Path(__file__).with_name("quantize_driver.py")
 PLANTED = ("sitecustomize.py", "__init__.py", "clef_vllm.py", "modeling_evil.py")

@@ -10,10 +10,10 @@ authentication and its own front matter validation (the stand-in checks only tha
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -35,7 +35,8 @@ from clef_quant.publish.folder import CARD_SECTION, tree_files
 from clef_quant.publish.provenance import resolve_base_model, resolve_license
 from clef_quant.publish.provenance import source_front_matter as read_source_front_matter
 from clef_quant.quantize.inspect import inspect_checkpoint
-from clef_quant.quantize.manifest import MANIFEST_FILE, read_manifest
+from clef_quant.release_folder.manifest import MANIFEST_FILE, read_manifest
+from clef_quant.release_folder.writer import OWNER_FILE, Writer, boot_id, process_start_ticks
 from clef_vllm.request import parse_request
 from tests.hub_server import AGENT_REGISTRY, LocalHub
 
@@ -272,6 +273,7 @@ def test_card_files_join_the_manifest_and_inspect_passes(carded: Path) -> None:
     assert {f"scripts/{n}" for n in tree_files(REPO / "scripts")} <= added
     assert not any("__pycache__" in n or ".egg-info" in n or n.endswith(".pyc") for n in added)
     assert added <= set(manifest["files"]) and section["repo_id"] == REPO_ID
+    assert [p.name for p in carded.parent.iterdir()] == [carded.name]  # the staging folder is gone
     report = inspect_checkpoint(carded)
     assert report.ok, report.violations
 
@@ -288,8 +290,29 @@ def test_card_again_replaces_its_own_files(quantized_dir: Any, results_dir: Path
 
 
 @pytest.mark.slow
+def test_card_never_removes_a_staging_folder_a_live_run_writes(
+    quantized_dir: Any, results_dir: Path, tmp_path: Path
+) -> None:
+    folder = fresh_copy(quantized_dir, tmp_path)
+    staging = tmp_path / f"{folder.name}.card.partial"
+    staging.mkdir()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        writer = Writer(live.pid, process_start_ticks(live.pid), boot_id(), socket.gethostname())
+        (staging / OWNER_FILE).write_text(writer.to_json())
+        (staging / "README.md").write_text("being written")
+        result = write_card(folder, results_dir)
+    finally:
+        live.kill()
+        live.wait()
+    assert result.exit_code == 2
+    assert f"{staging} is being written by process {live.pid}; wait for it or stop it" in result.output
+    assert (staging / "README.md").read_text() == "being written" and not (folder / "README.md").exists()
+
+
+@pytest.mark.slow
 def test_card_keeps_the_eval_fingerprint_of_the_folder(quantized_dir: Any, carded: Path) -> None:
-    from clef_quant.evaluation.store import folder_fingerprint, manifest_fingerprint
+    from clef_quant.release_folder.fingerprints import folder_fingerprint, manifest_fingerprint
 
     before = folder_fingerprint(quantized_dir("fp8-dynamic")).sha256
     # Results (and stored probabilities) of the uncarded folder still match the carded one.
@@ -491,10 +514,19 @@ def test_upload_rejects_a_bad_repo_id(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "--repo-id must be ORG/NAME" in result.output
 
 
-def test_manifest_json_of_a_card_is_valid(tmp_path: Path) -> None:
-    # The manifest is rewritten through a temporary file; a leftover would show up as a stray file.
-    from clef_quant.publish.folder import write_manifest_atomic
+def test_manifest_is_written_whole_and_only_when_valid(tmp_path: Path) -> None:
+    # Written through a temporary file (a leftover would show up as a stray file), and validated first: a manifest
+    # that `inspect` would reject must never replace one it accepts.
+    from clef_quant.release_folder.manifest import ManifestError, build_manifest, write_manifest
 
-    write_manifest_atomic(tmp_path, {"files": {}})
-    assert json.loads((tmp_path / MANIFEST_FILE).read_text()) == {"files": {}}
-    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST_FILE]
+    (tmp_path / "config.json").write_text("{}\n")
+    manifest = build_manifest(
+        tmp_path, source={"id": "x", "local": True}, scheme="fp8-dynamic", recipe={}, calibration={}, run={}
+    )
+    write_manifest(tmp_path, manifest)
+    assert read_manifest(tmp_path) == manifest
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["config.json", MANIFEST_FILE])
+    with pytest.raises(ManifestError, match=r"refusing to write an invalid clef_quant\.json: format"):
+        write_manifest(tmp_path, {"files": {}})
+    assert read_manifest(tmp_path) == manifest
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["config.json", MANIFEST_FILE])

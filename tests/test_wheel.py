@@ -24,7 +24,7 @@ from setuptools import find_packages
 from clef_quant import shipped
 from clef_quant.evaluation.tasks import load_tasks
 from clef_quant.quantize.inspect import inspect_checkpoint
-from clef_quant.quantize.manifest import MANIFEST_FILE
+from clef_quant.release_folder.manifest import MANIFEST_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 # What the two builds read: the project files, the code, and the shipped folders (vllm_plugin/ among them).

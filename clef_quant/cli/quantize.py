@@ -80,9 +80,9 @@ def quantize(
     if scheme is None and recipe_file is None:
         raise fail("give --scheme or --recipe", hint=f"--scheme is one of {', '.join(QUANTIZE_SCHEMES)}")
     _check_auto_options(scheme, scan_file, max_kl, max_size_gb)
-    from clef_quant.quantize.errors import Interrupted
     from clef_quant.quantize.run import QuantizeConfig
     from clef_quant.quantize.run import quantize as run_quantize
+    from clef_quant.release_folder.errors import Interrupted
 
     config = config_from(QuantizeConfig, locals(), include=tuple(include or ()))
     try:

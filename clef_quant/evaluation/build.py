@@ -1,12 +1,12 @@
 """`clef-quant build-data`: sample every task and write a DATA folder (layout in `clef_quant.evaluation.data`).
 
-The folder is written as DATA.partial and renamed when complete, so a DATA folder is never half written.
+The folder is written as DATA.partial and renamed when complete (`release_folder.staged_folder`), so a DATA folder
+is never half written, and Ctrl-C or SIGTERM leaves neither folder.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -21,6 +21,8 @@ from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.sampling import Record, calibration_quotas, sample_task
 from clef_quant.evaluation.sources import FIXTURES, HUB, check_local_source
 from clef_quant.evaluation.tasks import Task
+from clef_quant.release_folder.atomic import write_json_atomic
+from clef_quant.release_folder.staged import staged_folder
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Tokenizer, encode_request, render
 from clef_vllm.request import parse_request
 
@@ -131,16 +133,9 @@ def build_data(
         )
         notify(task.name, "done")
 
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    (partial / EVAL_DIR).mkdir(parents=True)
     summary_tasks = {}
     for sample in samples:
         spec = sample.task.dataset
-        _write_jsonl(
-            partial / EVAL_DIR / f"{sample.task.name}.jsonl",
-            [{"id": r.id, "task": r.task, "request": r.request, "gold": r.gold} for r in sample.eval_records],
-        )
         summary_tasks[sample.task.name] = {
             "title": sample.task.body.title,
             "task_file": {
@@ -165,7 +160,6 @@ def build_data(
             "skipped": sample.skipped,
         }
     calibration = [r.request for sample in samples for r in sample.calibration_records]
-    _write_jsonl(partial / CALIBRATION_FILE, calibration)
     summary = {
         "format": DATA_FORMAT,
         "created": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -183,8 +177,13 @@ def build_data(
         },
         "tasks": summary_tasks,
     }
-    (partial / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    if out.exists():
-        shutil.rmtree(out)
-    partial.rename(out)
+    with staged_folder(out, command="build-data", overwrite=config.overwrite) as partial:
+        (partial / EVAL_DIR).mkdir()
+        for sample in samples:
+            _write_jsonl(
+                partial / EVAL_DIR / f"{sample.task.name}.jsonl",
+                [{"id": r.id, "task": r.task, "request": r.request, "gold": r.gold} for r in sample.eval_records],
+            )
+        _write_jsonl(partial / CALIBRATION_FILE, calibration)
+        write_json_atomic(partial / SUMMARY_FILE, summary)
     return BuildResult(out=out, summary=summary)

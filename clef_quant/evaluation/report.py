@@ -7,12 +7,12 @@ so the model card renders the same tables from results.json and the two cannot d
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import Any
 
 from clef_quant.evaluation.comparison import ALL
 from clef_quant.evaluation.metrics import QUALITY_METRICS, SPEED_METRICS, Metric, format_value
+from clef_quant.release_folder.atomic import write_json_atomic, write_text_atomic
 
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
@@ -29,16 +29,10 @@ def write_results(results: dict[str, Any], out: Path) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / RESULTS_JSON, out / RESULTS_CSV, out / RESULTS_MD]
-    _write_atomically(paths[0], json.dumps(results, indent=2, ensure_ascii=False) + "\n")
-    _write_atomically(paths[1], render_csv(results))
-    _write_atomically(paths[2], render_markdown(results))
+    write_json_atomic(paths[0], results)
+    write_text_atomic(paths[1], render_csv(results))
+    write_text_atomic(paths[2], render_markdown(results))
     return paths
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
 
 
 def _rows(results: dict[str, Any]) -> list[dict[str, Any]]:

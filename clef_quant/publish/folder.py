@@ -10,13 +10,13 @@ is rebuilt by running `card` again: the owned paths are replaced whole (stale pl
 manifest entries with them. Before that, the files `quantize` wrote must still match their hashes, so a card never
 re-blesses a tampered folder.
 
-The new files are first written into a sibling `DIR.card.partial` and moved in only when complete; the manifest is
-replaced atomically last.
+The new files are first written into a sibling `DIR.card.partial` (claimed like any `.partial`, so two card runs on
+one folder never undo each other, and removed on Ctrl-C or SIGTERM) and moved in only when complete; the manifest
+is replaced atomically last.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -28,29 +28,25 @@ from typing import Any
 
 from clef_quant import shipped
 from clef_quant.publish.errors import PublishError
-from clef_quant.quantize.manifest import MANIFEST_FILE, FileProblem, hash_files, read_manifest, verify_manifest
+from clef_quant.release_folder.manifest import (
+    CARD_OWNED_PATHS,
+    CARD_SECTION,
+    COPIED_TREES,
+    MANIFEST_FILE,
+    FileProblem,
+    hash_files,
+    is_card_owned,
+    read_manifest,
+    verify_manifest,
+    write_manifest,
+)
+from clef_quant.release_folder.staged import scratch_folder
 
-CARD_FILE = "README.md"
-ASSETS_DIR = "assets"
-# Trees of this repository that travel with every release, so it serves (clef-vllm) and reproduces (scripts) alone.
-# Both are copied from clef-quant's shipped data (see clef_quant/shipped.py), which a wheel carries too. The plugin's
-# source tree is shipped whole rather than taken from the installed `clef_vllm` package: the release's
-# `vllm_plugin/` must be installable on its own (`pip install ./vllm_plugin` needs its pyproject.toml and README),
-# and an installed package has neither; the shipped tree is also the one built together with this clef-quant.
-COPIED_TREES = (shipped.VLLM_PLUGIN, shipped.SCRIPTS)
-OWNED_PATHS = (CARD_FILE, ASSETS_DIR, *COPIED_TREES)
-CARD_SECTION = "card"
 STAGING_SUFFIX = ".card.partial"
 
 # Never part of a copied tree: build and cache leftovers that differ from machine to machine.
 _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", "build", "dist"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".egg-info")
-
-
-def is_card_owned(name: str) -> bool:
-    """True for a folder-relative POSIX path that `card` writes (and may replace)."""
-    top = name.split("/", 1)[0]
-    return name == CARD_FILE or (top in OWNED_PATHS and top != CARD_FILE and "/" in name)
 
 
 def require_manifest(folder: Path) -> dict[str, Any]:
@@ -94,28 +90,23 @@ def copy_trees(staging: Path, trees: Iterable[str] = COPIED_TREES) -> list[str]:
 
 @contextmanager
 def staging_dir(folder: Path) -> Iterator[Path]:
-    """A fresh sibling `DIR.card.partial`, removed whatever happens (its contents are moved out on success)."""
-    staging = folder.with_name(folder.name + STAGING_SUFFIX)
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
+    """A freshly claimed sibling `DIR.card.partial`, removed whatever happens (its files are moved out on success)."""
+    with scratch_folder(folder.with_name(folder.name + STAGING_SUFFIX), command="card") as staging:
         yield staging
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def install_card_files(
     folder: Path, staging: Path, manifest: dict[str, Any], card_section: dict[str, Any]
 ) -> dict[str, Any]:
     """Replace the owned paths of `folder` with those in `staging`, then rewrite the manifest; returns it."""
-    for owned in OWNED_PATHS:
+    for owned in CARD_OWNED_PATHS:
         target = folder / owned
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
         elif target.exists() or target.is_symlink():
             target.unlink()
-    added = sorted(path.relative_to(staging).as_posix() for path in staging.rglob("*") if path.is_file())
-    for owned in OWNED_PATHS:
+    added = staged_card_files(staging)
+    for owned in CARD_OWNED_PATHS:
         if (staging / owned).exists():
             os.replace(staging / owned, folder / owned)
 
@@ -124,19 +115,17 @@ def install_card_files(
     updated = dict(manifest)
     updated["files"] = dict(sorted(files.items()))
     updated[CARD_SECTION] = {**card_section, "files": added}
-    write_manifest_atomic(folder, updated)
+    write_manifest(folder, updated)
     return updated
 
 
-def write_manifest_atomic(folder: Path, manifest: dict[str, Any]) -> None:
-    """Write the manifest through a temporary file and a rename, so a crash never leaves half a manifest."""
-    path = folder / MANIFEST_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+def staged_card_files(staging: Path) -> list[str]:
+    """The card's files in `staging`, relative POSIX paths, sorted (the staging folder's writer marker is not one)."""
+    return sorted(
+        name
+        for path in staging.rglob("*")
+        if path.is_file() and is_card_owned(name := path.relative_to(staging).as_posix())
+    )
 
 
 def utc_now() -> str:

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from clef_quant.publish.folder import ASSETS_DIR, CARD_FILE, COPIED_TREES
-from clef_quant.quantize.manifest import MANIFEST_FILE
+from clef_quant.publish.folder import staged_card_files
+from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, COPIED_TREES, MANIFEST_FILE
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
 
 OTHER = "other"
@@ -180,5 +180,5 @@ def file_kind(name: str) -> str:
 
 
 def staged_sizes(staging: Path) -> dict[str, int]:
-    """Size of every file under `staging`, by its path relative to it."""
-    return {p.relative_to(staging).as_posix(): p.stat().st_size for p in staging.rglob("*") if p.is_file()}
+    """Size of every card file under `staging`, by its path relative to it (the writer marker is no card file)."""
+    return {name: (staging / name).stat().st_size for name in staged_card_files(staging)}

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.publish.errors import PublishError
-from clef_quant.publish.folder import CARD_FILE
+from clef_quant.release_folder.manifest import CARD_FILE
 
 DEFAULT_LICENSE_HINT = "apache-2.0"
 DEFAULT_RECIPE_FILE = "recipe.yaml"

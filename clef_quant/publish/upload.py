@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.publish.errors import PublishError
-from clef_quant.publish.folder import CARD_FILE, CARD_SECTION
-from clef_quant.quantize.manifest import MANIFEST_FILE, read_manifest
+from clef_quant.release_folder.manifest import CARD_FILE, CARD_SECTION, MANIFEST_FILE, read_manifest
 from clef_vllm.errors import CheckpointError
 
 DEFAULT_BRANCH = "main"

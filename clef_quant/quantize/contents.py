@@ -20,7 +20,6 @@ what `inspect` accepts as deliberate: it fails a folder holding code or `auto_ma
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from clef_quant.release_folder.atomic import write_json_atomic
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
 
 RELEASE_CODE = "joint_schema_model.py"
@@ -184,7 +184,7 @@ def strip_remote_code_keys(path: Path, keep: Iterable[str] = ()) -> list[str]:
     data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
     for key in removed:
         del data[key]
-    write_text_atomic(Path(path), json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    write_json_atomic(Path(path), data)
     return removed
 
 
@@ -204,31 +204,6 @@ def is_code(path: Path) -> bool:
             return handle.read(2) == b"#!"
     except OSError:
         return False
-
-
-FILE_MODE = 0o644
-DIR_MODE = 0o755
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write through a temporary sibling and a rename, mode 0644: a crash never leaves half a file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def normalize_modes(folder: Path) -> None:
-    """Every file 0644 and every folder 0755, whatever the writing library chose (safetensors writes 0600)."""
-    folder = Path(folder)
-    os.chmod(folder, DIR_MODE)
-    for path in folder.rglob("*"):
-        if path.is_symlink():
-            continue
-        os.chmod(path, DIR_MODE if path.is_dir() else FILE_MODE)
 
 
 def code_in_folder(folder: Path, skip: Iterable[str] = ()) -> list[str]:

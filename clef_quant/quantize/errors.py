@@ -7,11 +7,3 @@ from clef_vllm.errors import ClefError
 
 class QuantizeError(ClefError):
     """Bad quantize input: a scheme, recipe, calibration file or output folder that cannot be used."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """The run was stopped by a signal (SIGINT or SIGTERM); everything it wrote has been removed."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum

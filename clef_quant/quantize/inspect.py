@@ -45,10 +45,10 @@ from clef_quant.quantize.inspect_report import (
     CheckResult,
     InspectReport,
 )
-from clef_quant.quantize.manifest import ManifestError, read_manifest
 from clef_quant.quantize.recipes import is_kept_bf16
 from clef_quant.quantize.schemes import BF16, fused_groups_of
 from clef_quant.quantize.stored_tensors import group_by_module, read_tensor_index
+from clef_quant.release_folder.manifest import ManifestError, read_manifest
 from clef_vllm.errors import CheckpointError
 from clef_vllm.head_files import HEAD_SUBDIR
 

@@ -17,11 +17,11 @@ from clef_quant.quantize.inspect_report import (
     LinearInfo,
     Violation,
 )
-from clef_quant.quantize.manifest import MANIFEST_FILE, verify_manifest
 from clef_quant.quantize.recipes import is_kept_bf16
 from clef_quant.quantize.schemes import BF16, fused_groups_of
 from clef_quant.quantize.stored_tensors import StoredTensor, read_tensor
-from clef_quant.quantize.writer import OWNER_FILE, PARTIAL_SUFFIX
+from clef_quant.release_folder.manifest import MANIFEST_FILE, verify_manifest
+from clef_quant.release_folder.writer import OWNER_FILE, PARTIAL_SUFFIX
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from clef_quant.quantize.contents import BACKBONE_OUTPUTS, ReleaseContents, normalize_modes, strip_remote_code_keys
-from clef_quant.quantize.writer import OWNER_FILE
+from clef_quant.quantize.contents import BACKBONE_OUTPUTS, ReleaseContents, strip_remote_code_keys
+from clef_quant.release_folder.writer import OWNER_FILE
 from clef_vllm.head_files import HEAD_SUBDIR, HEAD_WEIGHTS
 
 GENERATION_CONFIG = "generation_config.json"  # save_pretrained writes one; the source's replaces it when there
@@ -14,7 +14,7 @@ GENERATION_CONFIG = "generation_config.json"  # save_pretrained writes one; the 
 
 def copy_release_files(source_dir: Path, contents: ReleaseContents, partial: Path) -> None:
     """Keep only the backbone save_pretrained wrote (llm-compressor also copies the source's *.py files), copy the
-    allowlisted files byte for byte, drop remote-code keys, and give every file the same mode."""
+    allowlisted files byte for byte and drop remote-code keys (`staged_folder` gives every file 0644)."""
     for path in list(partial.iterdir()):
         if path.name in (OWNER_FILE, GENERATION_CONFIG) or BACKBONE_OUTPUTS.match(path.name):
             continue
@@ -31,7 +31,6 @@ def copy_release_files(source_dir: Path, contents: ReleaseContents, partial: Pat
         name = path.relative_to(partial).as_posix()
         keep = [entry.split(":", 1)[1] for entry in contents.keep_keys if entry.split(":", 1)[0] == name]
         strip_remote_code_keys(path, keep)
-    normalize_modes(partial)
 
 
 def backbone_bytes(folder: Path) -> int:

@@ -8,9 +8,10 @@ into `DIR.partial`; copy what the allowlist of `contents` names (head into `clef
 chat template, generation config, licences, the source card, `joint_schema_model.py`) and nothing else, without
 `auto_map` keys; set every file to 0644; write the manifest last; rename `DIR.partial` to `DIR`.
 
-Any failure, Ctrl-C or SIGTERM removes `DIR.partial`, so an interrupted run leaves neither folder. (SIGKILL
-cannot be caught: its leftover `DIR.partial` is removed by the next run, once its writer is provably gone; see
-`writer`.)
+The output is written through `release_folder.staged_folder`: any failure, Ctrl-C or SIGTERM removes
+`DIR.partial`, so an interrupted run leaves neither folder, and a `.partial` another live run writes is never
+touched. (SIGKILL cannot be caught: its leftover `DIR.partial` is removed by the next run, once its writer is
+provably gone; see `release_folder.writer`.)
 
 `on_stage` is told each stage as the run reaches it (`STAGES`), in the process and thread of the run; a caller
 can log, measure, or hold the run there.
@@ -25,20 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.quantize import progress as tasks
-from clef_quant.quantize import writer
 from clef_quant.quantize.auto import AUTO_SCHEME
 from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN, CalibrationSummary, as_dataloader, build_calibration
 from clef_quant.quantize.compress import load_model, load_tokenizer, run_oneshot
 from clef_quant.quantize.contents import ReleaseContents, plan_contents
 from clef_quant.quantize.inputs import check_device, check_inputs
-from clef_quant.quantize.interrupts import cleanup_on_failure, signals_raise
-from clef_quant.quantize.manifest import build_manifest, folder_files, write_manifest
 from clef_quant.quantize.measure import peak_gpu_bytes, peak_host_bytes, timed
 from clef_quant.quantize.plan import QuantPlan, parse_recipe, plan_quantization, recipe_needs_calibration
 from clef_quant.quantize.progress import NoProgress, Progress
 from clef_quant.quantize.recipes import Recipe
 from clef_quant.quantize.release_files import backbone_bytes, copy_release_files
-from clef_quant.quantize.writer import OWNER_FILE, PARTIAL_SUFFIX
+from clef_quant.release_folder.manifest import build_manifest, folder_files, write_manifest
+from clef_quant.release_folder.staged import staged_folder
+from clef_quant.release_folder.writer import OWNER_FILE
 
 # What `on_stage` is told, in order ("calibrating" only for schemes that calibrate).
 STAGES = ("checked", "claimed", "loaded", "calibrating", "saved", "copied", "hashed", "published")
@@ -97,7 +97,6 @@ class _Job:
     head_dir: Path
     contents: ReleaseContents
     out: Path
-    partial: Path
     progress: Progress
     started: float
     on_stage: StageHook
@@ -119,22 +118,22 @@ def quantize(
         head_dir=inputs.head_dir,
         contents=plan_contents(inputs.source_dir, inputs.head_dir, config.include),
         out=out,
-        partial=out.with_name(out.name + PARTIAL_SUFFIX),
         progress=progress or NoProgress(),
         started=started,
         on_stage=on_stage or (lambda _stage: None),
     )
-    with signals_raise():
-        job.on_stage("checked")
-        # Claimed outside the cleanup: a DIR.partial that another live run owns must never be removed here.
-        writer.claim(out, config.overwrite)
-        with cleanup_on_failure(job.partial):
-            job.on_stage("claimed")
-            return _run(job)
+    job.on_stage("checked")
+    with staged_folder(out, command="quantize", overwrite=config.overwrite) as partial:
+        job.on_stage("claimed")
+        result = _run(job, partial)
+    job.on_stage("published")
+    result.timings["total"] = time.perf_counter() - job.started
+    return result
 
 
-def _run(job: _Job) -> QuantizeResult:
-    config, progress, timings, partial = job.config, job.progress, job.timings, job.partial
+def _run(job: _Job, partial: Path) -> QuantizeResult:
+    """Everything written into `partial`, the manifest last; publishing it is `staged_folder`'s."""
+    config, progress, timings = job.config, job.progress, job.timings
     source_dir, recipe = job.source_dir, job.recipe
     with timed(timings, "setup"):  # mostly importing torch, transformers and llm-compressor
         device = check_device(config.device)
@@ -207,10 +206,6 @@ def _run(job: _Job) -> QuantizeResult:
         progress.finish(tasks.COPYING)
     job.on_stage("hashed")
 
-    writer.publish(partial, job.out, config.overwrite)
-    job.on_stage("published")
-
-    timings["total"] = time.perf_counter() - job.started
     return QuantizeResult(
         out=job.out,
         scheme=recipe.scheme,
@@ -221,7 +216,7 @@ def _run(job: _Job) -> QuantizeResult:
         peak_host_bytes=peak_host_bytes(),
         peak_gpu_bytes=peak_gpu_bytes(device),
         source_bytes=backbone_bytes(source_dir),
-        out_bytes=backbone_bytes(job.out),
+        out_bytes=backbone_bytes(partial),
         notes=notes,
         warnings=job.contents.warnings(),
     )

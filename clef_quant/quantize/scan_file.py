@@ -6,14 +6,14 @@ file; `config_sha256` ties the file to one checkpoint shape.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from clef_quant.quantize.errors import QuantizeError
+from clef_quant.release_folder.atomic import write_json_atomic
+from clef_quant.release_folder.manifest import sha256_file
 
 SCAN_FORMAT = "clef-quant-scan/1"
 SCAN_JSON = "scan.json"
@@ -101,11 +101,9 @@ def read_scan(path: Path) -> ScanFile:
 
 
 def config_sha256(source_dir: Path) -> str:
-    return hashlib.sha256((Path(source_dir) / "config.json").read_bytes()).hexdigest()
+    return sha256_file(Path(source_dir) / "config.json")
 
 
 def write_scan(path: Path, scan_file: ScanFile) -> None:
-    """Written through a temporary file and a rename: an interrupted scan never leaves a half file to resume from."""
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(scan_file.model_dump(), indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    """Written whole or not at all: an interrupted scan never leaves a half file to resume from."""
+    write_json_atomic(path, scan_file.model_dump())

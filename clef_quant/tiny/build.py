@@ -11,19 +11,19 @@ How it is built:
 2. Every tensor is drawn straight on the target device in bf16 from its own generator, seeded by the build seed
    and the tensor's name, and written one shard at a time (`weights`); the head draws from the same kind of
    seed (`head`).
-3. Everything is written into `DIR.partial` and renamed to `DIR` at the end; on any error or Ctrl-C the partial
-   folder is removed, so `DIR` is either complete or absent.
+3. Everything is written into `DIR.partial` and renamed to `DIR` at the end (`release_folder.staged_folder`); on
+   any error, Ctrl-C or SIGTERM the partial folder is removed, so `DIR` is either complete or absent.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from clef_quant.release_folder.staged import staged_folder
 from clef_quant.tiny.backbone_config import backbone_config, generation_config, meta_model, placeholder_ids
 from clef_quant.tiny.checks import check_request
 from clef_quant.tiny.head import head_config, write_head
@@ -48,11 +48,7 @@ def make_tiny(
     out_dir = Path(out_dir)
     spec = check_request(out_dir, size, seed, device, overwrite)
     report = progress or (lambda stage, done, total: None)
-    partial = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)  # left over from a build that was killed outright
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    partial.mkdir()
-    try:
+    with staged_folder(out_dir, command="make-tiny", overwrite=overwrite) as partial:
         report("tokenizer", 0, 1)
         ids = write_tokenizer_and_processor(partial)
         report("tokenizer", 1, 1)
@@ -63,16 +59,6 @@ def make_tiny(
         report("head", 0, 1)
         write_head(partial, spec, seed, torch.device(device))
         report("head", 1, 1)
-        for entry in partial.iterdir():
-            # safetensors writes its files owner-only (0600); give every file the usual 0644 of a download so
-            # that a server running as another user can read the folder.
-            entry.chmod(0o644)
-        if out_dir.exists():  # only reachable with overwrite=True (checked above)
-            _remove(out_dir)
-        partial.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
     return out_dir
 
 
@@ -83,13 +69,6 @@ def parameter_count(size: str) -> int:
     with torch.device("meta"):
         head = JointSchemaHead(head_config(spec))
     return sum(p.numel() for p in model.parameters()) + sum(p.numel() for p in head.parameters())
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
 
 
 def folder_bytes(folder: Path) -> int:

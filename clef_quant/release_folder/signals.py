@@ -1,5 +1,5 @@
-"""Ctrl-C and SIGTERM during `quantize`: they raise, so the run's `DIR.partial` is removed, and a second one
-cannot cut that removal short."""
+"""Ctrl-C and SIGTERM while a folder is being written: they raise, so the code that removes the unfinished folder
+runs, and a second signal cannot cut that removal short."""
 
 from __future__ import annotations
 
@@ -7,11 +7,9 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-from clef_quant.quantize import writer
-from clef_quant.quantize.errors import Interrupted
+from clef_quant.release_folder.errors import Interrupted
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -36,19 +34,8 @@ def signals_raise() -> Iterator[None]:
 
 
 @contextmanager
-def cleanup_on_failure(partial: Path) -> Iterator[None]:
-    """Remove `partial` when the block raises anything, Interrupted and KeyboardInterrupt included."""
-    try:
-        yield
-    except BaseException:
-        # A second Ctrl-C must not cut the cleanup short.
-        with _signals_ignored():
-            writer.remove_partial(partial)
-        raise
-
-
-@contextmanager
-def _signals_ignored() -> Iterator[None]:
+def signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM do nothing for the block (main thread only): for cleanup that must not stop half-way."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

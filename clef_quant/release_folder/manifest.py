@@ -18,12 +18,14 @@ import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
+from clef_quant import shipped
+from clef_quant.release_folder.atomic import write_json_atomic
+from clef_quant.release_folder.versions import tool_versions
 from clef_vllm.errors import CheckpointError
 
 MANIFEST_FILE = "clef_quant.json"
@@ -31,20 +33,20 @@ MANIFEST_FORMAT = "clef-quant-manifest/1"
 CHUNK = 16 * 1024 * 1024
 HASH_THREADS = min(8, os.cpu_count() or 1)
 
-# Distributions whose versions decide the output.
-TOOL_DISTRIBUTIONS = ("clef-quant", "clef-vllm", "llmcompressor", "compressed-tensors", "torch", "transformers")
+# What `card` adds to a release and owns there (it replaces these paths whole when run again): the card, its plots,
+# and trees of this repository that travel with every release, so it serves (clef-vllm) and reproduces (scripts)
+# alone. Their files are in the manifest like every other file; fingerprints of what a model answers leave them out.
+CARD_FILE = "README.md"
+ASSETS_DIR = "assets"
+COPIED_TREES = (shipped.VLLM_PLUGIN, shipped.SCRIPTS)
+CARD_OWNED_PATHS = (CARD_FILE, ASSETS_DIR, *COPIED_TREES)
+CARD_SECTION = "card"
 
 
-def installed_version(distribution: str) -> str | None:
-    """The installed version of a distribution, or None when it is not installed."""
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def tool_versions() -> dict[str, str | None]:
-    return {name: installed_version(name) for name in TOOL_DISTRIBUTIONS}
+def is_card_owned(name: str) -> bool:
+    """True for a folder-relative POSIX path that `card` writes (and may replace)."""
+    top = name.split("/", 1)[0]
+    return name == CARD_FILE or (top in CARD_OWNED_PATHS and top != CARD_FILE and "/" in name)
 
 
 def sha256_file(path: Path) -> str:
@@ -109,11 +111,13 @@ def build_manifest(
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
-    """Write the manifest atomically (temporary file, then rename), mode 0644."""
-    from clef_quant.quantize.contents import write_text_atomic
-
-    path = folder / MANIFEST_FILE
-    write_text_atomic(path, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    """Validate `manifest` and write it atomically, mode 0644; a manifest that would not read back is never written."""
+    try:
+        Manifest.model_validate(manifest)
+    except ValidationError as exc:
+        raise ManifestError(f"refusing to write an invalid {MANIFEST_FILE}: {_first_error(exc)}") from None
+    path = Path(folder) / MANIFEST_FILE
+    write_json_atomic(path, manifest)
     return path
 
 

@@ -1,11 +1,12 @@
-"""Who writes `DIR.partial`: one quantize run per output folder, and no run ever removes another's live work.
+"""Who writes `DIR.partial`: one run per output folder, and no run ever removes another's live work.
 
-A run claims `DIR.partial` by creating it with a writer marker inside (`.clef_quant_writer`: PID, the process'
-start time in clock ticks since boot, the boot id and the host name). The marker stays until the finished folder
-is renamed to `DIR`, so a `.partial` always names its writer. A later run removes a leftover `.partial` only when
-that writer is provably gone: no process has its PID, or the process with that PID started at another time (the
-PID was reused), or the machine has rebooted since. Anything it cannot prove (a marker from another host, a
-non-empty `.partial` without a marker) is refused with the command to remove it by hand.
+A run (quantize, make-tiny, build-data, card's staging folder) claims its `.partial` by creating it with a writer
+marker inside (`.clef_quant_writer`: PID, the process' start time in clock ticks since boot, the boot id and the
+host name). The marker stays until the finished folder is renamed to `DIR`, so a `.partial` always names its
+writer. A later run removes a leftover `.partial` only when that writer is provably gone: no process has its PID,
+or the process with that PID started at another time (the PID was reused), or the machine has rebooted since.
+Anything it cannot prove (a marker from another host, a non-empty `.partial` without a marker) is refused with the
+command to remove it by hand.
 
 Claiming, reclaiming and the final rename each run under an exclusive `flock` on the output's parent folder, so
 two runs never both see a folder as free: the kernel drops the lock when its holder dies, and the lock is held for
@@ -24,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from clef_quant.quantize.errors import QuantizeError
+from clef_quant.release_folder.errors import ReleaseFolderError
 
 PARTIAL_SUFFIX = ".partial"
 OWNER_FILE = ".clef_quant_writer"
@@ -138,34 +139,35 @@ def read_writer(partial: Path) -> Writer | None:
         return None
 
 
-def claim(out: Path, overwrite: bool) -> Path:
-    """Create `out.partial` with this process' marker; reclaim one whose writer is provably gone; else refuse."""
-    partial = partial_of(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with folder_lock(out.parent):
-        if out.exists() and not overwrite:
-            raise QuantizeError(f"{out} already exists; pass --overwrite to replace it")
+def claim(partial: Path, *, command: str, out: Path | None = None, overwrite: bool = False) -> None:
+    """Create `partial` with this process' marker; reclaim one whose writer is provably gone; else refuse.
+
+    `out`, when given, is the folder `partial` will become: it must not exist unless `overwrite`. `command` names
+    the kind of run in messages ("quantize", "make-tiny", ...)."""
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    with folder_lock(partial.parent):
+        if out is not None and out.exists() and not overwrite:
+            raise ReleaseFolderError(f"{out} already exists; pass --overwrite to replace it")
         if partial.exists() or partial.is_symlink():
-            _reclaim(partial)
+            _reclaim(partial, command)
         partial.mkdir()
         marker = partial / OWNER_FILE
         tmp = partial / f"{OWNER_FILE}.tmp"
         tmp.write_text(this_writer().to_json(), encoding="utf-8")
         os.replace(tmp, marker)  # the marker is whole or absent, never half written
-    return partial
 
 
-def _reclaim(partial: Path) -> None:
-    by_hand = f"remove it by hand (rm -r {partial}) if no quantize is writing it"
+def _reclaim(partial: Path, command: str) -> None:
+    by_hand = f"remove it by hand (rm -r {partial}) if no {command} is writing it"
     if partial.is_symlink() or not partial.is_dir():
-        raise QuantizeError(f"{partial} is in the way and is not a folder a quantize run made; {by_hand}")
+        raise ReleaseFolderError(f"{partial} is in the way and is not a folder a {command} run made; {by_hand}")
     writer = read_writer(partial)
     if writer is None:
         leftovers = [p.name for p in partial.iterdir() if p.name != f"{OWNER_FILE}.tmp"]
         if leftovers:
-            raise QuantizeError(f"{partial} exists and names no writer; {by_hand}")
+            raise ReleaseFolderError(f"{partial} exists and names no writer; {by_hand}")
     elif writer.pid == os.getpid() or not writer_gone(writer):
-        raise QuantizeError(f"{partial} is being written by {writer.describe()}; wait for it or stop it")
+        raise ReleaseFolderError(f"{partial} is being written by {writer.describe()}; wait for it or stop it")
     remove_partial(partial)
 
 
@@ -193,7 +195,7 @@ def publish(partial: Path, out: Path, overwrite: bool) -> None:
     with folder_lock(out.parent):
         if out.exists():
             if not overwrite:
-                raise QuantizeError(f"{out} appeared while this run was writing; pass --overwrite to replace it")
+                raise ReleaseFolderError(f"{out} appeared while this run was writing; pass --overwrite to replace it")
             old = out.with_name(f"{out.name}.old-{os.getpid()}")
             out.rename(old)
         partial.rename(out)
