@@ -219,8 +219,9 @@ def read_results(path: Path) -> Results:
         raw = json.loads(file.read_bytes())
     except json.JSONDecodeError as exc:
         raise DataError(f"{file} is not valid JSON: {exc.msg}") from None
-    if not isinstance(raw, dict):
-        raise DataError(f"{file} is not a results object")
+    if not isinstance(raw, dict) or raw.get("format") != RESULTS_FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else None
+        raise DataError(f"{file} has format {found!r}; clef-quant reads {RESULTS_FORMAT}")
     try:
         return Results.from_dict(raw)
     except DataError as exc:
