@@ -75,7 +75,9 @@ def clef_engine():
     def get(model: Path, **engine_kwargs) -> ClefEngine:
         key = (str(model), repr(sorted(engine_kwargs.items())))
         if key not in engines:
-            engines[key] = ClefEngine(model, max_model_len=ENGINE_MAX_MODEL_LEN, enforce_eager=True, **engine_kwargs)
+            engines[key] = ClefEngine(
+                model, max_model_len=ENGINE_MAX_MODEL_LEN, enforce_eager=True, **engine_kwargs
+            )
         return engines[key]
 
     return get

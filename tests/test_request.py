@@ -167,6 +167,8 @@ def png_base64() -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+
+
 @pytest.mark.parametrize(
     ("media", "where", "needle"),
     [
