@@ -82,6 +82,8 @@ def probabilities_frame(results: Results, folder: Path, sides: Sequence[ResultSi
 
 
 class ResultFrames(NamedTuple):
+    """`load_results`'s two frames; unpacks as `results, probabilities = load_results(path)`."""
+
     results: pd.DataFrame
     probabilities: pd.DataFrame
 
@@ -100,7 +102,8 @@ def load_results(path: Path | str) -> ResultFrames:
     `probabilities`: one row per side and stored record, read from RESULTS/probs/ and verified like the runner
     verifies it. Columns: `side`, `side_key`, `role`, `id` (record id), `task`, `tokens` (prompt tokens),
     `seconds` (its share of its batch's model time), `questions`, and `probs`: per question, the option
-    probabilities in model order (a noul question is [true, false]).
+    probabilities in model order (a noul question is [true, false]). A record scored again counts with its latest
+    line; records that an earlier run over other DATA left in the store are included (filter on `id` or `task`).
     """
     results = read_results(Path(path))
     folder = results_json_path(Path(path)).parent

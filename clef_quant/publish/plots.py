@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def _value(results: EvalResults, side: ResultSide, task: str, metric: str) -> fl
 
 
 def _grouped_bars(
-    ax: Any, results: EvalResults, sides: list[ResultSide], metric: str, scale: float = 1.0, mark_zero: bool = True
+    ax: Any, results: EvalResults, sides: Sequence[ResultSide], metric: str, scale: float = 1.0, mark_zero: bool = True
 ) -> None:
     import numpy as np
 
