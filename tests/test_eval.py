@@ -7,6 +7,8 @@ tests through the `clef_engine` fixture); its records are few (4 per task) so th
 from __future__ import annotations
 
 import json
+import math
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,18 +20,21 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_quant.cli import app
-from clef_quant.evaluation.comparison import ALL
+from clef_quant.evaluation import load_results
 from clef_quant.evaluation.config import EvalConfig
 from clef_quant.evaluation.data import read_eval_data
+from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.metrics import (
     METRICS,
     QuestionObservation,
     RecordObservation,
     compute,
     expected_calibration_error,
+    format_value,
     kl_divergence,
 )
 from clef_quant.evaluation.report import write_results
+from clef_quant.evaluation.results import ALL
 from clef_quant.evaluation.runner import run_eval
 from clef_quant.evaluation.sides import NOISE_FLOOR_NAME
 from clef_quant.evaluation.tasks import load_tasks
@@ -177,6 +182,19 @@ def test_metric_values_on_known_distributions() -> None:
 
 # -- eval ------------------------------------------------------------------------------------------------------
 
+ARROW = {"higher": "↑", "lower": "↓"}
+
+
+def metric_sections(markdown: str) -> dict[str, tuple[list[str], list[list[str]]]]:
+    """`### heading` -> (header cells, body rows) of the table under it; `\\|` in a cell is a literal bar."""
+    found: dict[str, tuple[list[str], list[list[str]]]] = {}
+    for part in markdown.split("\n### ")[1:]:
+        heading, _, body = part.partition("\n")
+        lines = [line for line in body.split("\n## ")[0].splitlines() if line.startswith("|")]
+        cells = [[c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines]
+        found[heading] = (cells[0], cells[2:])
+    return found
+
 
 class SharedEngines:
     """The runner's EngineProvider over the session's shared engines; records which folders it opened."""
@@ -215,24 +233,32 @@ def first_run(eval_config: EvalConfig, clef_engine: Any):
 
 
 @pytest.mark.slow
-def test_eval_scores_every_side_and_writes_the_model_card_table(first_run: Any, eval_config: EvalConfig) -> None:
+def test_eval_scores_every_side_and_writes_one_table_per_metric(first_run: Any, eval_config: EvalConfig) -> None:
     run, engines = first_run
     assert [side.role for side in run.sides] == ["reference", "noise-floor", "candidate", "candidate"]
     assert run.scored == 4 * 7 * PER_TASK and run.reused == 0
     assert len(engines.opened) == 3  # the bf16 folder (noise floor) and the two candidates
 
     markdown = (eval_config.out / "results.md").read_text()
-    table = markdown.split("## Quality")[1].split("## Speed")[0]
-    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| task")]
-    assert [row.split(" | ")[0].removeprefix("| ") for row in rows] == [*TASK_TITLES, "**All**"]
-    header = next(line for line in table.splitlines() if line.startswith("| task"))
-    for side in run.sides[1:]:
-        for metric in (m for m in METRICS if m.level == "question"):
-            assert f"{side.name} · {metric.title.replace('|', chr(92) + '|')} " in header
-    assert NOISE_FLOOR_NAME in header
-    speed = markdown.split("## Speed")[1]
-    for side in run.sides:
-        assert f"{side.name} · rec/s" in speed and f"{side.name} · tok/s" in speed
+    sections = metric_sections(markdown)
+    assert list(sections) == [f"{m.title} {ARROW[m.direction]}" for m in METRICS]  # one table per metric
+    assert (
+        markdown.index("## Quality")
+        < markdown.index("### acc")
+        < markdown.index("## Speed")
+        < markdown.index("### rec/s")
+    )
+    frame = load_results(eval_config.out).results.set_index(["side_key", "task"])
+    for metric in METRICS:
+        header, rows = sections[f"{metric.title} {ARROW[metric.direction]}"]
+        measured = [side for side in run.sides if side.role != "reference" or not metric.compares]
+        assert header == ["task", *[side.name for side in measured]], metric.name
+        assert [row[0] for row in rows] == [*TASK_TITLES, "**All**"]
+        tasks = list(frame.loc[run.sides[0].key].index)  # results.json's task order, then All
+        for row, task in zip(rows, tasks, strict=True):
+            shown = [format_value(metric, frame.at[(side.key, task), metric.name]) for side in measured]
+            assert row[1:] == shown, (metric.name, task)
+    assert NOISE_FLOOR_NAME in sections["agree ↑"][0]
 
     results = json.loads((eval_config.out / "results.json").read_text())
     hashes = {side["role"]: side["model_hash"] for side in results["sides"]}
@@ -241,7 +267,62 @@ def test_eval_scores_every_side_and_writes_the_model_card_table(first_run: Any, 
     assert results["tools"]["transformers"] and results["tools"]["torch"]
     csv_lines = (eval_config.out / "results.csv").read_text().splitlines()
     assert len(csv_lines) == 1 + 4 * 8  # header, then 4 sides x (7 tasks + All)
+    assert csv_lines[0] == ",".join(
+        ["side", "role", "folder", "task", "records", "questions", *[m.name for m in METRICS]]
+    )
     assert len(list((eval_config.out / "probs").glob("*.jsonl"))) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("given", ["folder", "results.json"])
+def test_load_results_gives_every_number_of_results_json(first_run: Any, eval_config: EvalConfig, given: str) -> None:
+    run, _ = first_run
+    results = json.loads((eval_config.out / "results.json").read_text())
+    frames = load_results(eval_config.out if given == "folder" else eval_config.out / "results.json")
+
+    values = frames.results
+    metrics = [m.name for m in METRICS]
+    columns = ["side", "side_key", "role", "folder", "task", "title", "records", "questions", *metrics]
+    assert list(values.columns) == columns
+    tasks = [t["name"] for t in results["tasks"]]
+    assert list(values["side_key"]) == [side.key for side in run.sides for _ in range(len(tasks) + 1)]
+    assert list(values["task"]) == [*tasks, ALL] * len(run.sides)
+    for row in values.to_dict("records"):
+        stored = results["values"][row["side_key"]][row["task"]]
+        for metric in metrics:
+            expected = stored[metric]
+            assert math.isnan(row[metric]) if expected is None else row[metric] == expected, (row["task"], metric)
+    every = values[values["task"] == ALL].iloc[0]
+    assert every["records"] == 7 * PER_TASK and every["questions"] == sum(t["questions"] for t in results["tasks"])
+
+    probs = frames.probabilities
+    assert list(probs.columns) == ["side", "side_key", "role", "id", "task", "tokens", "seconds", "questions", "probs"]
+    assert len(probs) == len(run.sides) * 7 * PER_TASK
+    assert probs.groupby("side_key").size().to_dict() == {side.key: 7 * PER_TASK for side in run.sides}
+    # The records are the run's own: agreement and tokens/s recomputed from them give results.json's All values.
+    reference = probs[probs["role"] == "reference"].set_index("id")["probs"]
+    for side in run.sides:
+        own = probs[probs["side_key"] == side.key].set_index("id")
+        agree = [
+            np.argmax(mine) == np.argmax(theirs)
+            for record_id in reference.index
+            for theirs, mine in zip(reference[record_id], own.at[record_id, "probs"], strict=True)
+        ]
+        every = results["values"][side.key][ALL]
+        assert np.mean(agree) == pytest.approx(every["agreement"]), side.name
+        assert own["tokens"].sum() / own["seconds"].sum() == pytest.approx(every["tokens_per_s"]), side.name
+
+
+def test_load_results_names_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(DataError) as missing:
+        load_results(tmp_path)
+    expected = "is missing: give the RESULTS folder of clef-quant eval or its results.json"
+    assert str(missing.value) == f"{tmp_path / 'results.json'} {expected}"
+    (tmp_path / "results.json").write_text(json.dumps({"format": "something-else/1"}))
+    with pytest.raises(DataError) as other:
+        load_results(tmp_path / "results.json")
+    expected = "has format 'something-else/1'; clef-quant reads clef-quant-eval-results/1"
+    assert str(other.value) == f"{tmp_path / 'results.json'} {expected}"
 
 
 @pytest.mark.slow

@@ -13,8 +13,15 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_quant.cli import app
+from clef_quant.evaluation import load_results
 from clef_quant.evaluation.metrics import METRICS
-from clef_quant.evaluation.store import ProbabilityStore, StoredRecord, content_digest, producer_digest
+from clef_quant.evaluation.store import (
+    ProbabilityStore,
+    StoredRecord,
+    content_digest,
+    producer_digest,
+    read_store,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
 QUESTION_METRICS = {m.name for m in METRICS if m.level == "question"}
@@ -103,6 +110,20 @@ def test_a_torn_tail_is_repaired_and_the_next_record_survives(stored: Path) -> N
     assert again.rejected == [] and sorted(again.records) == ["k1", "k2", "k3", "k4"]
 
 
+def test_read_store_verifies_and_never_writes(stored: Path) -> None:
+    """Readers of a finished run (load_results, the card) see what the runner would trust, and change nothing."""
+    items = entries(stored)
+    items[0]["probs"][0] = [0.75, 0.25]  # edited, hashes left as they were
+    rewrite(stored, items, producer=None)
+    text = stored.read_text()
+    stored.write_text(text[: len(text) - 40])  # and the last line torn
+    before = stored.read_bytes()
+    read = read_store(stored, PRODUCER)
+    assert [record.key for _, record in read.lines] == ["k2"]
+    assert [str(r) for r in read.rejected] == ["id-k1 (edited: content hash differs)", "id-k3 (torn or not JSON)"]
+    assert not read.ends_cleanly and stored.read_bytes() == before
+
+
 # -- through the CLI ------------------------------------------------------------------------------------------
 
 
@@ -161,3 +182,10 @@ def test_eval_rescores_and_reports_what_does_not_verify(tiny_dir: Path, tmp_path
     third = cli(*args)
     assert third.exit_code == 0 and "records scored 0, reused 42" in third.output
     assert "warning:" not in third.output
+
+    # The store still holds the wrong-shape line before its rescored one; load_results keeps the later line.
+    probs = load_results(results).probabilities
+    assert probs.groupby("side_key").size().to_dict() == {s["key"]: 14 for s in after["sides"]}
+    by_side = {key: group.set_index("id")["probs"] for key, group in probs.groupby("side_key")}
+    shapes = [{i: [len(q) for q in p] for i, p in found.items()} for found in by_side.values()]
+    assert all(shape == shapes[0] for shape in shapes)

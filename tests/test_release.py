@@ -10,6 +10,7 @@ authentication and its own front matter validation (the stand-in checks only tha
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -27,7 +28,9 @@ from typer.testing import CliRunner
 
 from clef_quant.cli import app
 from clef_quant.evaluation.config import EvalConfig
+from clef_quant.evaluation.metrics import METRICS, format_value
 from clef_quant.evaluation.report import write_results
+from clef_quant.evaluation.results import ALL
 from clef_quant.evaluation.runner import run_eval
 from clef_quant.publish.card import EXAMPLE_REQUEST, REQUIRED_FRONT_MATTER, card_environment
 from clef_quant.publish.errors import PublishError
@@ -63,13 +66,6 @@ def tables(text: str) -> list[str]:
             found.append("\n".join(current))
         current = []
     return found
-
-
-def section_table(text: str, heading: str) -> str | None:
-    """The first table after the `## heading` line of a markdown text."""
-    match = re.search(rf"^##\s+{re.escape(heading)}\s*$", text, flags=re.MULTILINE)
-    found = tables(text[match.end() :]) if match else []
-    return found[0] if found else None
 
 
 def cli(*args: str) -> Any:
@@ -159,12 +155,41 @@ def test_card_parses_with_the_hub_front_matter(carded: Path) -> None:
     assert card.text.lstrip().startswith("# clef-tiny-FP8_DYNAMIC")
 
 
+def side_group_cells(table: str) -> dict[tuple[str, str, str], str]:
+    """A card table with a column group per side: (side name, metric title, task title) -> the cell shown."""
+    lines = [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in table.splitlines()]
+    header, rows = lines[0], lines[2:]
+    cells = {}
+    for row in rows:
+        for title, shown in zip(header[3:], row[3:], strict=True):
+            side, metric = title.replace("\\|", "|").rsplit(" · ", 1)
+            cells[side, metric.rsplit(" ", 1)[0], row[0].strip("*")] = shown
+    return cells
+
+
+def expected_cells(results_dir: Path, level: str) -> dict[tuple[str, str, str], str]:
+    """What a column group per side must show, from results.json itself: every side, every metric it measures."""
+    results = json.loads((results_dir / "results.json").read_text())
+    titles = {t["name"]: t["title"] for t in results["tasks"]} | {ALL: ALL}
+    expected = {}
+    for side in results["sides"]:
+        for metric in (m for m in METRICS if m.level == level):
+            if side["role"] == "reference" and metric.compares:
+                continue  # the reference against itself: 100% / 0 by construction, not shown
+            for task, title in titles.items():
+                value = results["values"][side["key"]][task][metric.name]
+                expected[side["name"], metric.title, title] = format_value(
+                    metric, float("nan") if value is None else value
+                )
+    return expected
+
+
 @pytest.mark.slow
-def test_card_results_table_is_results_md_verbatim(carded: Path, results_dir: Path) -> None:
+def test_card_shows_every_side_and_quality_metric_of_results_json(carded: Path, results_dir: Path) -> None:
     card = (carded / "README.md").read_text()
-    table = section_table((results_dir / "results.md").read_text(), "Quality")
-    assert table is not None and "noise floor" in table.splitlines()[0]
-    assert table in card
+    details = card.split("<summary>Every side and every metric")[1].split("</details>")[0]
+    quality = next(t for t in tables(details) if t.startswith("| task | records | questions |"))
+    assert side_group_cells(quality) == expected_cells(results_dir, "question")
     # The short table of this release: one row per task and All, the noise floor beside it.
     summary = card.split("| task | bf16 acc |")[1].split("\n\n")[0].splitlines()
     assert len(summary) == 2 + 7 + 1 and summary[-1].startswith("| **All** |")
@@ -172,9 +197,9 @@ def test_card_results_table_is_results_md_verbatim(carded: Path, results_dir: Pa
 
 @pytest.mark.slow
 def test_card_without_a_throughput_report_shows_the_eval_speed_table(carded: Path, results_dir: Path) -> None:
-    card = (carded / "README.md").read_text()
-    speed = section_table((results_dir / "results.md").read_text(), "Speed")
-    assert speed is not None and speed in card.split("## Throughput")[1]
+    throughput = (carded / "README.md").read_text().split("## Throughput")[1].split("## Quickstart")[0]
+    speed = next(t for t in tables(throughput) if t.startswith("| task | records | questions |"))
+    assert side_group_cells(speed) == expected_cells(results_dir, "record")
 
 
 def throughput_report(tmp_path: Path) -> Path:
@@ -219,18 +244,19 @@ def test_card_refuses_a_throughput_report_without_its_json(
 
 @pytest.mark.slow
 def test_card_reads_results_json_only(quantized_dir: Any, results_dir: Path, tmp_path: Path) -> None:
-    """The card's tables come from results.json: without results.md the card is the same."""
+    """The card's tables come from results.json: without results.md and results.csv the card is the same."""
     only_json = tmp_path / "results"
     shutil.copytree(results_dir, only_json)
     (only_json / "results.md").unlink()
-    folder = fresh_copy(quantized_dir, tmp_path)
-    result = write_card(folder, only_json, "--no-plots")
-    assert result.exit_code == 0, result.output
-    card = (folder / "README.md").read_text()
-    markdown = (results_dir / "results.md").read_text()
-    for heading in ("Quality", "Speed"):
-        assert section_table(markdown, heading) in card, heading
-    assert tables(markdown)[0] in card  # the sides, with their model sha256
+    (only_json / "results.csv").unlink()
+    cards = []
+    for name, results in (("with", results_dir), ("without", only_json)):
+        folder = fresh_copy(quantized_dir, tmp_path / name)
+        result = write_card(folder, results, "--no-plots")
+        assert result.exit_code == 0, result.output
+        cards.append((folder / "README.md").read_bytes())
+    assert cards[0] == cards[1]
+    assert tables((results_dir / "results.md").read_text())[0] in cards[0].decode()  # the sides, with model sha256
 
 
 @pytest.mark.slow

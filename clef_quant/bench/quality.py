@@ -134,10 +134,10 @@ def _vllm_version() -> str | None:
 def _evaluate(
     source: Path, rows: list[SchemeRow], data: Path, out: Path, max_model_len: int
 ) -> tuple[dict[str, float | None], int, int]:
-    from clef_quant.evaluation.comparison import ALL
     from clef_quant.evaluation.config import EvalConfig
     from clef_quant.evaluation.data import read_eval_data
     from clef_quant.evaluation.engines import FreshEngines
+    from clef_quant.evaluation.results import ALL
     from clef_quant.evaluation.runner import run_eval
 
     shutil.rmtree(out, ignore_errors=True)

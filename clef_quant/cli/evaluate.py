@@ -157,8 +157,8 @@ def evaluate(
 
 
 def _print_summary(console: Console, results: dict[str, Any]) -> None:
-    from clef_quant.evaluation.comparison import ALL
     from clef_quant.evaluation.metrics import METRICS, format_value
+    from clef_quant.evaluation.results import ALL
 
     table = Table(title="All tasks", title_justify="left")
     table.add_column("side")

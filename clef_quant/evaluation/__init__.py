@@ -5,6 +5,29 @@ Hub or a local Parquet copy), `sampling` (records drawn from the splits), `build
 (the DATA folder layout and reading it back).
 eval: `config` (what a run compares), `sides` (reference, noise floor, candidates), `engines` (the plugin's
 engines), `scoring` (probabilities through transformers or the plugin), `store` (per-record probabilities kept
-between runs), `metrics` (the one metric registry), `comparison` (sides against the reference), `runner` (the run
-itself), `results` (the results dict), `report` (results.json / .csv / .md).
+between runs, and their one parser), `metrics` (the one metric registry), `comparison` (sides against the
+reference), `runner` (the run itself), `results` (results.json: the dict written and the typed `Results` read),
+`frames` (the results as pandas DataFrames), `tables` (markdown tables from them), `report` (results.json / .csv
+/ .md).
+
+`load_results(path)` reads an eval output back as DataFrames; see `frames.load_results` for the columns.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clef_quant.evaluation.frames import ResultFrames, load_results
+
+__all__ = ["ResultFrames", "load_results"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: the package's other modules (errors, tasks) load on every CLI start and need none of
+    # what reading results pulls in (the release resolver, the Hub client).
+    if name in __all__:
+        from clef_quant.evaluation import frames
+
+        return getattr(frames, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

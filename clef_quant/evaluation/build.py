@@ -7,7 +7,6 @@ is never half written, and Ctrl-C or SIGTERM leaves neither folder.
 from __future__ import annotations
 
 import json
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -70,14 +69,18 @@ def _lengths(records: Sequence[Record], tokenizer: Tokenizer | None) -> dict[str
     else:
         unit = "characters (state + questions as JSON)"
         values = [len(render(r.request["state"])) + len(render(r.request["questions"])) for r in records]
-    ordered = sorted(values)
+    import pandas as pd
+
+    lengths = pd.Series(values, dtype="int64")
+    # "higher": percentiles are lengths some record has (the upper one of two), never a blend of two records.
+    p50, p95 = lengths.quantile([0.5, 0.95], interpolation="higher")
     result: dict[str, Any] = {
         "unit": unit,
-        "min": ordered[0],
-        "mean": round(statistics.fmean(ordered), 1),
-        "p50": ordered[len(ordered) // 2],
-        "p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
-        "max": ordered[-1],
+        "min": int(lengths.min()),
+        "mean": round(float(lengths.mean()), 1),
+        "p50": int(p50),
+        "p95": int(p95),
+        "max": int(lengths.max()),
     }
     if tokenizer is not None:
         result["over_default_max_length"] = sum(v > DEFAULT_MAX_LENGTH for v in values)

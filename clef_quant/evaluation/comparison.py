@@ -8,10 +8,9 @@ import numpy as np
 
 from clef_quant.evaluation.data import EvalData, EvalRecord
 from clef_quant.evaluation.metrics import QuestionObservation, RecordObservation, compute
+from clef_quant.evaluation.results import ALL
 from clef_quant.evaluation.sides import Side
 from clef_quant.evaluation.store import ProbabilityStore, StoredRecord
-
-ALL = "All"
 
 
 def compare(

@@ -1,20 +1,31 @@
-"""The results dict of an evaluation run, as results.json stores it: config, data, tasks, metrics, sides, values."""
+"""results.json of an evaluation run: the dict the runner writes (`results_dict`) and the typed model every reader
+uses (`Results`: the eval report, `load_results` and the model card).
+
+results.json holds config, data, tasks, metrics, sides and `values[side key][task or All][metric]`; its format
+string changes whenever a reader of an older file would misread it.
+"""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from clef_quant.evaluation.config import EvalConfig
 from clef_quant.evaluation.data import EvalData, records_by_task
+from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.metrics import METRICS
 from clef_quant.evaluation.sides import Side
 from clef_quant.evaluation.store import tool_versions
 
 RESULTS_FORMAT = "clef-quant-eval-results/1"
+RESULTS_JSON = "results.json"
 PROBS_DIR = "probs"
+ALL = "All"  # the row over every question of every task (so it weighs questions, not tasks)
 SHOWN_REJECTED = 5  # ids of stored records that did not verify, named in results.json and on the terminal
 
 
@@ -94,3 +105,124 @@ def results_dict(
 
 def _json_number(value: float) -> float | None:
     return None if value is None or math.isnan(value) else value
+
+
+@dataclass(frozen=True)
+class ResultSide:
+    """One side as results.json lists it."""
+
+    key: str
+    name: str
+    role: str  # "reference", "noise-floor" or "candidate"
+    runner: str
+    folder: str
+    sha256: str  # the model fingerprint (see store.folder_fingerprint)
+    hash_from: str  # "manifest" or "files"
+    scheme: str | None
+    settings: dict[str, Any]
+    records_scored: int
+    records_reused: int
+    probabilities: str  # RESULTS-relative path of the side's probability store
+
+    @property
+    def is_candidate(self) -> bool:
+        return self.role == "candidate"
+
+    def producer(self) -> dict[str, Any]:
+        """What produced the side's stored lines, as `sides.Side.producer` hashed it: lets a reader verify them."""
+        return {"model": self.sha256, "settings": self.settings}
+
+
+@dataclass(frozen=True)
+class ResultTask:
+    name: str
+    title: str
+    records: int
+    questions: int
+
+
+@dataclass(frozen=True)
+class Results:
+    """results.json, typed. `tasks` ends with the All row (its counts summed over the tasks)."""
+
+    raw: dict[str, Any]  # the file as read; the card hashes and quotes it
+    sides: tuple[ResultSide, ...]
+    tasks: tuple[ResultTask, ...]
+    metrics: tuple[dict[str, Any], ...]  # name, title, description, direction, level, aggregation, ...
+    values: dict[str, dict[str, dict[str, float | None]]]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Results:
+        if raw.get("format") != RESULTS_FORMAT:
+            raise DataError(f"results have format {raw.get('format')!r}; clef-quant reads {RESULTS_FORMAT}")
+        try:
+            sides = tuple(
+                ResultSide(
+                    key=s["key"],
+                    name=s["name"],
+                    role=s["role"],
+                    runner=s.get("runner", ""),
+                    folder=s["folder"],
+                    sha256=(s.get("model_hash") or {}).get("sha256", ""),
+                    hash_from=(s.get("model_hash") or {}).get("from", ""),
+                    scheme=(s.get("model_hash") or {}).get("scheme"),
+                    settings=s.get("settings") or {},
+                    records_scored=s.get("records_scored", 0),
+                    records_reused=s.get("records_reused", 0),
+                    probabilities=s.get("probabilities", ""),
+                )
+                for s in raw["sides"]
+            )
+            tasks = [
+                ResultTask(t["name"], t.get("title", t["name"]), t["records"], t["questions"]) for t in raw["tasks"]
+            ]
+            values = raw["values"]
+        except (KeyError, TypeError) as exc:
+            raise DataError(f"results.json lacks {exc}: not written by clef-quant eval") from None
+        every = ResultTask(ALL, ALL, sum(t.records for t in tasks), sum(t.questions for t in tasks))
+        return cls(raw, sides, (*tasks, every), tuple(raw.get("metrics") or ()), values)
+
+    @property
+    def reference(self) -> ResultSide | None:
+        return next((s for s in self.sides if s.role == "reference"), None)
+
+    @property
+    def noise_floor(self) -> ResultSide | None:
+        return next((s for s in self.sides if s.role == "noise-floor"), None)
+
+    @property
+    def candidates(self) -> list[ResultSide]:
+        return [s for s in self.sides if s.is_candidate]
+
+    @property
+    def data_summary(self) -> dict[str, Any]:
+        return (self.raw.get("data") or {}).get("summary") or {}
+
+    def value(self, side: ResultSide, task: str, metric: str) -> float:
+        """One number; NaN where results.json has none (null: nothing to average, or not measured)."""
+        found = self.values.get(side.key, {}).get(task, {}).get(metric)
+        return math.nan if found is None else float(found)
+
+
+def results_json_path(path: Path) -> Path:
+    """results.json of an eval output: `path` itself, or the file inside the RESULTS folder `path`."""
+    path = Path(path)
+    return path / RESULTS_JSON if path.is_dir() else path
+
+
+def read_results(path: Path) -> Results:
+    """The typed results of an eval output folder or of its results.json."""
+    file = results_json_path(path)
+    if not file.is_file():
+        raise DataError(f"{file} is missing: give the RESULTS folder of clef-quant eval or its results.json")
+    try:
+        raw = json.loads(file.read_bytes())
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{file} is not valid JSON: {exc.msg}") from None
+    if not isinstance(raw, dict) or raw.get("format") != RESULTS_FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else None
+        raise DataError(f"{file} has format {found!r}; clef-quant reads {RESULTS_FORMAT}")
+    try:
+        return Results.from_dict(raw)
+    except DataError as exc:
+        raise DataError(f"{file}: {exc}") from None

@@ -130,6 +130,60 @@ def _torn_id(line: str) -> str | None:
         return None
 
 
+def _parse_line(line: str, producer: dict[str, Any]) -> tuple[StoredRecord | None, Rejected | None]:
+    try:
+        entry = json.loads(line)
+    except json.JSONDecodeError:
+        return None, None  # a torn line: named by its number
+    if not isinstance(entry, dict):
+        return None, None
+    record_id = str(entry.get("id", "?"))
+    try:
+        record = StoredRecord(
+            str(entry["key"]),
+            str(entry["id"]),
+            str(entry["task"]),
+            int(entry["tokens"]),
+            float(entry["seconds"]),
+            entry["probs"],
+        )
+    except (KeyError, TypeError, ValueError):
+        return None, Rejected(record_id, "fields missing")
+    if entry.get("sha256") != content_digest(entry):
+        return None, Rejected(record_id, "edited: content hash differs")
+    if entry.get("made_by") != producer_digest(record.key, producer):
+        return None, Rejected(record_id, "made by another model, record or settings")
+    problem = _check_distributions(record.probabilities)
+    if problem is not None:
+        return None, Rejected(record_id, problem)
+    return record, None
+
+
+@dataclass(frozen=True)
+class StoreLines:
+    lines: list[tuple[str, StoredRecord]]  # every verified line with its record, in file order
+    rejected: list[Rejected]
+    ends_cleanly: bool  # False when the last line was cut short (no newline)
+
+
+def read_store(path: Path, producer: dict[str, Any]) -> StoreLines:
+    """Every line of a store file, verified against `producer` (what `ProbabilityStore` trusts); reads only.
+
+    The one parser of the store format: the runner's `ProbabilityStore`, `load_results` and the card read through it.
+    """
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    lines: list[tuple[str, StoredRecord]] = []
+    rejected: list[Rejected] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        record, problem = _parse_line(line, producer)
+        if record is None:
+            if line.strip():
+                rejected.append(problem or Rejected(_torn_id(line) or f"line {number}", "torn or not JSON"))
+            continue
+        lines.append((line, record))
+    return StoreLines(lines, rejected, not text or text.endswith("\n"))
+
+
 class ProbabilityStore:
     """The stored records of one side, each verified before it is trusted.
 
@@ -150,46 +204,14 @@ class ProbabilityStore:
             self._load()
 
     def _load(self) -> None:
-        text = self.path.read_text(encoding="utf-8", errors="replace")
+        read = read_store(self.path, self.producer)
+        self.rejected.extend(read.rejected)
         good: dict[str, str] = {}
-        for number, line in enumerate(text.splitlines(), start=1):
-            record, problem = self._parse(line)
-            if record is None:
-                if line.strip():
-                    self.rejected.append(problem or Rejected(_torn_id(line) or f"line {number}", "torn or not JSON"))
-                continue
+        for line, record in read.lines:
             good[record.key] = line  # a later line for the same record (a rescore) replaces the earlier
             self.records[record.key] = record
-        if self.rejected or (text and not text.endswith("\n")):
+        if read.rejected or not read.ends_cleanly:
             self._rewrite(list(good.values()))
-
-    def _parse(self, line: str) -> tuple[StoredRecord | None, Rejected | None]:
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            return None, None  # a torn line: named by its number
-        if not isinstance(entry, dict):
-            return None, None
-        record_id = str(entry.get("id", "?"))
-        try:
-            record = StoredRecord(
-                str(entry["key"]),
-                str(entry["id"]),
-                str(entry["task"]),
-                int(entry["tokens"]),
-                float(entry["seconds"]),
-                entry["probs"],
-            )
-        except (KeyError, TypeError, ValueError):
-            return None, Rejected(record_id, "fields missing")
-        if entry.get("sha256") != content_digest(entry):
-            return None, Rejected(record_id, "edited: content hash differs")
-        if entry.get("made_by") != producer_digest(record.key, self.producer):
-            return None, Rejected(record_id, "made by another model, record or settings")
-        problem = _check_distributions(record.probabilities)
-        if problem is not None:
-            return None, Rejected(record_id, problem)
-        return record, None
 
     def _rewrite(self, lines: list[str]) -> None:
         write_text_atomic(self.path, "".join(line + "\n" for line in lines))

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from clef_quant.publish.results import ALL, EvalResults, Side
+from clef_quant.evaluation.results import ALL, ResultSide
+from clef_quant.publish.results import EvalResults
 
 DPI = 110
 REFERENCE_COLOR = "#4d4d4d"
@@ -35,7 +37,7 @@ def draw_plots(results: EvalResults, out_dir: Path) -> list[dict[str, str]]:
     return plots
 
 
-def _label(results: EvalResults, side: Side) -> str:
+def _label(results: EvalResults, side: ResultSide) -> str:
     return f"{side.name} (this release)" if side.key == results.this.key else side.name
 
 
@@ -49,21 +51,20 @@ def _colors(results: EvalResults) -> dict[str, str]:
 
 
 def _task_labels(results: EvalResults) -> list[str]:
-    return ["\n".join(textwrap.wrap(t.get("title", t["name"]), 12)) for t in results.tasks]
+    return ["\n".join(textwrap.wrap(t.title, 12)) for t in results.tasks]
 
 
-def _value(results: EvalResults, side: Side, task: str, metric: str) -> float:
-    value = results.values.get(side.key, {}).get(task, {}).get(metric)
-    return math.nan if value is None else float(value)
+def _value(results: EvalResults, side: ResultSide, task: str, metric: str) -> float:
+    return results.value(side, task, metric)
 
 
 def _grouped_bars(
-    ax: Any, results: EvalResults, sides: list[Side], metric: str, scale: float = 1.0, mark_zero: bool = True
+    ax: Any, results: EvalResults, sides: Sequence[ResultSide], metric: str, scale: float = 1.0, mark_zero: bool = True
 ) -> None:
     import numpy as np
 
     colors = _colors(results)
-    names = [t["name"] for t in results.tasks]
+    names = [t.name for t in results.tasks]
     width = 0.8 / max(len(sides), 1)
     x = np.arange(len(names))
     for index, side in enumerate(sides):

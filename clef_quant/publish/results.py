@@ -1,9 +1,9 @@
 """Reading what the card shows from other commands' outputs: `clef-quant eval`'s RESULTS folder and the JSON of a
-`clef-quant bench throughput` report. Only JSON is read; the card's tables are rendered from it by the functions
-that render the markdown reports (`evaluation.report`, `bench.throughput_report`), so they match those reports.
+`clef-quant bench throughput` report. Only JSON is read; the card's tables are rendered from it by the modules
+that render the markdown reports (`evaluation.tables`, `bench.throughput_report`), so their numbers match.
 
 RESULTS holds `results.json` (every number, the sides with their model fingerprints) and `probs/<side key>.jsonl`
-(per-record probabilities, for the scatter plot).
+(per-record probabilities, for the scatter plot), both read through `clef_quant.evaluation` (`Results`, the frames).
 
 The card is for one candidate: the side whose model fingerprint equals DIR's. That fingerprint is the sha256 of the
 manifest's file list (see `clef_quant.evaluation.store`); it is computed here over the files `quantize` wrote, so
@@ -15,60 +15,70 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clef_quant.bench.throughput_report import ThroughputResult, json_path, read_report
-from clef_quant.evaluation import report
+from clef_quant.evaluation.errors import DataError
+from clef_quant.evaluation.frames import probabilities_frame, values_frame
+from clef_quant.evaluation.metrics import METRIC_BY_NAME, QUALITY_METRICS, SPEED_METRICS, format_value
+from clef_quant.evaluation.results import ALL, RESULTS_FORMAT, RESULTS_JSON, Results, ResultSide, ResultTask
 from clef_quant.evaluation.store import manifest_fingerprint
+from clef_quant.evaluation.tables import side_groups_table, sides_table
 from clef_quant.publish.errors import PublishError
 from clef_vllm.errors import ClefError
 
-RESULTS_FORMAT = "clef-quant-eval-results/1"
-ALL = "All"
+if TYPE_CHECKING:
+    import pandas as pd
+
 HUB_SOURCE = "hub"
 
 
 @dataclass
-class Side:
-    key: str
-    name: str
-    role: str  # "reference", "noise-floor" or "candidate"
-    folder: str
-    fingerprint: str
-    probabilities: str  # RESULTS-relative path of the per-record store
-
-    @property
-    def is_candidate(self) -> bool:
-        return self.role == "candidate"
-
-
-@dataclass
 class EvalResults:
-    """RESULTS as the card uses it; `values[side key][task or All][metric]` as in results.json."""
+    """RESULTS as the card uses it: the typed results, and which of its candidates DIR is."""
 
     folder: Path
-    raw: dict[str, Any]
+    results: Results
     json_sha256: str
-    sides: list[Side]
-    this: Side  # the side that is DIR
-    tasks: list[dict[str, Any]]  # name, title, records, questions (results.json order), then All
-    values: dict[str, dict[str, dict[str, float | None]]]
-    metrics: list[dict[str, Any]]
-    data_summary: dict[str, Any]
+    this: ResultSide  # the side that is DIR
     summary_rows: list[dict[str, str]] = field(default_factory=list)
 
     @property
-    def reference(self) -> Side:
-        return next(s for s in self.sides if s.role == "reference")
+    def raw(self) -> dict[str, Any]:
+        return self.results.raw
 
     @property
-    def noise_floor(self) -> Side | None:
-        return next((s for s in self.sides if s.role == "noise-floor"), None)
+    def sides(self) -> tuple[ResultSide, ...]:
+        return self.results.sides
 
     @property
-    def candidates(self) -> list[Side]:
-        return [s for s in self.sides if s.is_candidate]
+    def tasks(self) -> tuple[ResultTask, ...]:
+        """The tasks in results.json order, then All."""
+        return self.results.tasks
+
+    @property
+    def metrics(self) -> tuple[dict[str, Any], ...]:
+        return self.results.metrics
+
+    @property
+    def data_summary(self) -> dict[str, Any]:
+        return self.results.data_summary
+
+    @property
+    def reference(self) -> ResultSide:
+        reference = self.results.reference
+        assert reference is not None  # read_results refuses results without one
+        return reference
+
+    @property
+    def noise_floor(self) -> ResultSide | None:
+        return self.results.noise_floor
+
+    @property
+    def candidates(self) -> list[ResultSide]:
+        return self.results.candidates
 
     @property
     def from_hub(self) -> bool:
@@ -82,26 +92,37 @@ class EvalResults:
         ids = [((t.get("dataset") or {}).get("id")) for t in (self.data_summary.get("tasks") or {}).values()]
         return sorted({i for i in ids if i})
 
-    # The tables of results.md, rendered from results.json by the functions that wrote results.md.
+    def value(self, side: ResultSide, task: str, metric: str) -> float:
+        return self.results.value(side, task, metric)
+
+    @cached_property
+    def frame(self) -> pd.DataFrame:
+        return values_frame(self.results)
+
+    # The card keeps the one-table-per-level form (a column group per side) that it has always shown.
     @property
     def quality_table(self) -> str:
-        return report.quality_table(self.raw)
+        return side_groups_table(self.results, self.frame, QUALITY_METRICS)
 
     @property
     def sides_table(self) -> str:
-        return report.sides_table(self.raw)
+        return sides_table(self.results)
 
     @property
     def speed_table(self) -> str:
-        return report.speed_table(self.raw)
+        return side_groups_table(self.results, self.frame, SPEED_METRICS)
 
-    def pairs(self, side: Side) -> tuple[list[float], list[float]]:
+    def pairs(self, side: ResultSide) -> tuple[list[float], list[float]]:
         """Every option probability of every question: (reference, side), records matched by id."""
-        reference = _read_store(self.folder / self.reference.probabilities)
-        own = _read_store(self.folder / side.probabilities)
+        try:
+            stored = probabilities_frame(self.results, self.folder, [self.reference, side])
+        except DataError as exc:
+            raise PublishError(str(exc)) from None
+        own = stored[stored["side_key"] == side.key].set_index("id")["probs"]
+        reference = stored[stored["side_key"] == self.reference.key].set_index("id")["probs"]
         xs: list[float] = []
         ys: list[float] = []
-        for record_id in sorted(reference.keys() & own.keys()):
+        for record_id in sorted(set(reference.index) & set(own.index)):
             for ref_q, own_q in zip(reference[record_id], own[record_id], strict=False):
                 if len(ref_q) == len(own_q):
                     xs.extend(ref_q)
@@ -112,7 +133,7 @@ class EvalResults:
 def read_results(results_dir: Path, folder: Path, manifest: dict[str, Any]) -> EvalResults:
     """RESULTS for the card of `folder`; refuses results that did not evaluate this folder."""
     results_dir = Path(results_dir)
-    results_json = results_dir / report.RESULTS_JSON
+    results_json = results_dir / RESULTS_JSON
     if not results_json.is_file():
         raise PublishError(f"{results_json} is missing: --results takes the RESULTS folder of clef-quant eval")
     raw_bytes = results_json.read_bytes()
@@ -120,87 +141,53 @@ def read_results(results_dir: Path, folder: Path, manifest: dict[str, Any]) -> E
         raw = json.loads(raw_bytes)
     except json.JSONDecodeError as exc:
         raise PublishError(f"{results_json} is not valid JSON: {exc.msg}") from None
-    if raw.get("format") != RESULTS_FORMAT:
-        raise PublishError(f"{results_json} has format {raw.get('format')!r}; this card reads {RESULTS_FORMAT}")
+    if not isinstance(raw, dict) or raw.get("format") != RESULTS_FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else None
+        raise PublishError(f"{results_json} has format {found!r}; this card reads {RESULTS_FORMAT}")
+    try:
+        results = Results.from_dict(raw)
+    except DataError as exc:
+        raise PublishError(f"{results_json}: {exc}") from None
 
-    sides = [
-        Side(
-            key=s["key"],
-            name=s["name"],
-            role=s["role"],
-            folder=s["folder"],
-            fingerprint=(s.get("model_hash") or {}).get("sha256", ""),
-            probabilities=s.get("probabilities", ""),
-        )
-        for s in raw["sides"]
-    ]
     fingerprint = manifest_fingerprint(manifest)
-    this = next((s for s in sides if s.is_candidate and s.fingerprint == fingerprint), None)
+    this = next((s for s in results.candidates if s.sha256 == fingerprint), None)
     if this is None:
-        evaluated = ", ".join(f"{s.name} ({s.fingerprint[:12]})" for s in sides if s.is_candidate) or "none"
+        evaluated = ", ".join(f"{s.name} ({s.sha256[:12]})" for s in results.candidates) or "none"
         raise PublishError(
             f"{results_dir} did not evaluate {folder} (model fingerprint {fingerprint[:12]}); its candidates: "
             f"{evaluated}; run clef-quant eval --candidate {folder} ... --out {results_dir}"
         )
-    if not any(s.role == "reference" for s in sides):
+    if results.reference is None:
         raise PublishError(f"{results_json} has no reference side")
 
-    tasks = [*raw["tasks"], {"name": ALL, "title": ALL}]
-    result = EvalResults(
-        folder=results_dir,
-        raw=raw,
-        json_sha256=hashlib.sha256(raw_bytes).hexdigest(),
-        sides=sides,
-        this=this,
-        tasks=tasks,
-        values=raw["values"],
-        metrics=raw.get("metrics") or [],
-        data_summary=(raw.get("data") or {}).get("summary") or {},
-    )
+    result = EvalResults(results_dir, results, hashlib.sha256(raw_bytes).hexdigest(), this)
     result.summary_rows = summary_rows(result)
     return result
 
 
 def summary_rows(results: EvalResults) -> list[dict[str, str]]:
     """The card's short table: this release next to the bf16 reference and the noise floor, per task."""
-    from clef_quant.evaluation.metrics import METRIC_BY_NAME, format_value
 
-    def shown(side: Side | None, task: str, metric: str) -> str:
+    def shown(side: ResultSide | None, task: str, metric: str) -> str:
         if side is None:
             return ""
-        value = results.values.get(side.key, {}).get(task, {}).get(metric)
-        return format_value(METRIC_BY_NAME[metric], float("nan") if value is None else value)
+        return format_value(METRIC_BY_NAME[metric], results.value(side, task, metric))
 
     floor = results.noise_floor
     rows = []
     for task in results.tasks:
-        name = task["name"]
         rows.append(
             {
-                "task": f"**{ALL}**" if name == ALL else task.get("title", name),
-                "reference_acc": shown(results.reference, name, "accuracy"),
-                "acc": shown(results.this, name, "accuracy"),
-                "agree": shown(results.this, name, "agreement"),
-                "kl": shown(results.this, name, "kl"),
-                "floor_agree": shown(floor, name, "agreement"),
-                "floor_kl": shown(floor, name, "kl"),
+                "task": f"**{ALL}**" if task.name == ALL else task.title,
+                "reference_acc": shown(results.reference, task.name, "accuracy"),
+                "acc": shown(results.this, task.name, "accuracy"),
+                "agree": shown(results.this, task.name, "agreement"),
+                "kl": shown(results.this, task.name, "kl"),
+                "floor_agree": shown(floor, task.name, "agreement"),
+                "floor_kl": shown(floor, task.name, "kl"),
             }
         )
     return rows
-
-
-def _read_store(path: Path) -> dict[str, list[list[float]]]:
-    """Record id -> probabilities per question; a later line for the same id (a rescored record) wins."""
-    if not path.is_file():
-        raise PublishError(f"{path} is missing: the per-record probabilities of clef-quant eval")
-    found: dict[str, list[list[float]]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            entry = json.loads(line)
-            found[str(entry["id"])] = entry["probs"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue  # a torn last line of an interrupted run
-    return found
 
 
 def read_throughput(path: Path) -> tuple[ThroughputResult, str]:

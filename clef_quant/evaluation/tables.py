@@ -1,0 +1,97 @@
+"""Markdown tables of an eval run, rendered from the typed results and their values frame.
+
+results.md shows one table per metric (a row per task and All, a column per side); the model card keeps its one
+wide table per metric level (a column group per side), and both read their numbers from `frames.values_frame`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from clef_quant.evaluation.metrics import Metric, format_value
+from clef_quant.evaluation.results import ALL, Results, ResultSide
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+ARROWS = {"higher": "↑", "lower": "↓"}
+ROLE_WORDS = {
+    "reference": "reference: transformers, bf16 (the release's own path)",
+    "noise-floor": "noise floor: the same bf16 folder through the vLLM plugin",
+    "candidate": "candidate, through the vLLM plugin",
+}
+
+
+def cell(text: str) -> str:
+    """Markdown table cell text: a bare `|` (as in `max |dp|`) would end the cell."""
+    return text.replace("|", "\\|")
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A pipe table whose first column is left-aligned text and every other column right-aligned numbers."""
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def measures(side: ResultSide, metric: Metric) -> bool:
+    # Comparing the reference with itself gives 100% / 0 by construction; tables show only what a side measures.
+    return side.role != "reference" or not metric.compares
+
+
+def _task_cell(title: str, name: str) -> str:
+    return f"**{title}**" if name == ALL else cell(title)
+
+
+def _by_side_and_task(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.set_index(["side_key", "task"])
+
+
+def metric_table(results: Results, frame: pd.DataFrame, metric: Metric) -> str:
+    """One metric: a row per task and All, a column per side that measures it (results.md)."""
+    values = _by_side_and_task(frame)[metric.name]
+    sides = [side for side in results.sides if measures(side, metric)]
+    rows = [
+        [_task_cell(task.title, task.name), *[format_value(metric, values[side.key, task.name]) for side in sides]]
+        for task in results.tasks
+    ]
+    return markdown_table(["task", *[cell(side.name) for side in sides]], rows)
+
+
+def tasks_table(results: Results) -> str:
+    """Records and questions per task: how much one record moves a task's numbers."""
+    rows = [[_task_cell(t.title, t.name), str(t.records), str(t.questions)] for t in results.tasks]
+    return markdown_table(["task", "records", "questions"], rows)
+
+
+def side_groups_table(results: Results, frame: pd.DataFrame, metrics: Sequence[Metric]) -> str:
+    """Every metric of `metrics` in one table, a column group per side (the model card's form)."""
+    indexed = _by_side_and_task(frame)
+    groups = [(side, [m for m in metrics if measures(side, m)]) for side in results.sides]
+    header = ["task", "records", "questions"]
+    for side, columns in groups:
+        header += [cell(f"{side.name} · {m.title} {ARROWS[m.direction]}") for m in columns]
+    rows = []
+    for task in results.tasks:
+        cells = [_task_cell(task.title, task.name), str(task.records), str(task.questions)]
+        for side, columns in groups:
+            cells += [format_value(m, indexed.at[(side.key, task.name), m.name]) for m in columns]
+        rows.append(cells)
+    return markdown_table(header, rows)
+
+
+def sides_table(results: Results) -> str:
+    """One row per side: how it runs, its folder, and the model sha256 that identifies the files it ran."""
+    lines = [
+        "| side | runs as | folder | model sha256 | records scored / reused |",
+        "|---|---|---|---|---:|",
+    ]
+    for side in results.sides:
+        scheme = f", {side.scheme}" if side.scheme else ""
+        lines.append(
+            f"| {cell(side.name)} | {ROLE_WORDS[side.role]} | `{side.folder}` | "
+            f"`{side.sha256[:16]}` (from {side.hash_from}{scheme}) | "
+            f"{side.records_scored} / {side.records_reused} |"
+        )
+    return "\n".join(lines)
