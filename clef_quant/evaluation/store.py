@@ -19,11 +19,11 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from clef_quant.evaluation.errors import DataError
+from clef_quant.versions import installed_versions
 from clef_vllm.encoding import Encoding
 
 # Distributions whose versions can change scores.
@@ -32,13 +32,7 @@ SCORING_DISTRIBUTIONS = ("clef-quant", "clef-vllm", "torch", "transformers", "vl
 
 
 def tool_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for name in SCORING_DISTRIBUTIONS:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
+    return installed_versions(SCORING_DISTRIBUTIONS)
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
+from clef_quant.versions import installed_versions
 from clef_vllm.errors import CheckpointError
 
 MANIFEST_FILE = "clef_quant.json"
@@ -36,13 +36,7 @@ TOOL_DISTRIBUTIONS = ("clef-quant", "clef-vllm", "llmcompressor", "compressed-te
 
 
 def tool_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for name in TOOL_DISTRIBUTIONS:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
+    return installed_versions(TOOL_DISTRIBUTIONS)
 
 
 def sha256_file(path: Path) -> str:
