@@ -48,26 +48,26 @@ class ServeConfig:
     def model_name(self) -> str:
         return self.served_model_name or self.model
 
+    def _schedule(self) -> dict[str, Any]:
+        return {
+            "max_model_len": self.max_model_len,
+            "batch_invariant": self.batch_invariant,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+        }
+
     def check(self) -> None:
         """Raise `SettingsError` for contradicting settings, before anything is loaded."""
-        schedule_args(
-            max_model_len=self.max_model_len,
-            batch_invariant=self.batch_invariant,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-        )
+        schedule_args(**self._schedule())
 
     def engine_kwargs(self) -> dict[str, Any]:
-        optional = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens}
         return engine_args(
             self.model,
-            max_model_len=self.max_model_len,
-            batch_invariant=self.batch_invariant,
             limits=self.limits,
             tensor_parallel_size=self.tensor_parallel_size,
             data_parallel_size=self.data_parallel_size,
             served_model_name=self.served_model_name,
-            **{k: v for k, v in optional.items() if v is not None},
+            **self._schedule(),
             **self.extra_engine_args,
         )
 
