@@ -28,8 +28,7 @@ def main() -> int:
     for op in ("nms", "qnms"):
         plain = f'@torch.library.register_fake("torchvision::{op}")'
         guarded = (
-            f'@(torch.library.register_fake("torchvision::{op}") '
-            f"if torchvision.extension._has_ops() else {GUARD})"
+            f'@(torch.library.register_fake("torchvision::{op}") if torchvision.extension._has_ops() else {GUARD})'
         )
         patched = patched.replace(plain, guarded)
     if patched == text:

@@ -75,9 +75,24 @@ def clef_engine():
     def get(model: Path, **engine_kwargs) -> ClefEngine:
         key = (str(model), repr(sorted(engine_kwargs.items())))
         if key not in engines:
-            engines[key] = ClefEngine(
-                model, max_model_len=ENGINE_MAX_MODEL_LEN, enforce_eager=True, **engine_kwargs
-            )
+            engines[key] = ClefEngine(model, max_model_len=ENGINE_MAX_MODEL_LEN, enforce_eager=True, **engine_kwargs)
         return engines[key]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def head():
+    """A random head at the small test config (test_head.CONFIG), the same weights in every module."""
+    from test_head import make_head
+
+    return make_head()
+
+
+@pytest.fixture(scope="module")
+def embeddings():
+    """Output-embedding rows for the head tests' vocabulary."""
+    import torch
+    from test_head import CONFIG, VOCAB
+
+    return torch.randn(VOCAB, CONFIG.hidden_size, generator=torch.Generator().manual_seed(99))

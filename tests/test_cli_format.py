@@ -51,7 +51,6 @@ def cli_app():
     return app
 
 
-
 def write(tmp_path: Path, request, name="request.json") -> str:
     path = tmp_path / name
     path.write_text(request if isinstance(request, str) else json.dumps(request), encoding="utf-8")

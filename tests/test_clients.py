@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
-from clef_quant.bench.processes import free_port, running, systemone_command
+from servers import ENGINE_FLAGS, systemone
 
 pytestmark = pytest.mark.slow
 
 API_KEY = "client-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-ENGINE_FLAGS = ["--max-model-len", "4096", "--enforce-eager", "--max-num-batched-tokens", "65536"]
 STATE = "Customer: I was charged twice for order 1182 and the app crashes when I open the refund page."
 QUESTIONS = {
     "billing": {"type": "noul", "instructions": "Is this about a payment?"},
@@ -27,10 +25,9 @@ QUESTIONS = {
 
 @pytest.fixture(scope="module")
 def url(tiny_dir, tmp_path_factory):
-    port = free_port()
-    command = systemone_command(tiny_dir, port, "--api-key", API_KEY, *ENGINE_FLAGS)
-    with running(command, port, tmp_path_factory.mktemp("logs") / "systemone.log"):
-        yield f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("logs") / "systemone.log"
+    with systemone(tiny_dir, log, "--api-key", API_KEY, *ENGINE_FLAGS) as (base_url, _):
+        yield base_url
 
 
 def direct(url: str, state, questions, model: str | None = None) -> dict:

@@ -124,8 +124,6 @@ def encode(tokenizer, request_body, **kwargs):
     return encode_request(parse_request(request_body), tokenizer, **kwargs)
 
 
-
-
 # --- render ------------------------------------------------------------------------------------------------
 
 

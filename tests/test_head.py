@@ -72,16 +72,6 @@ def make_record(
     return hidden, ids, schema
 
 
-@pytest.fixture(scope="module")
-def head() -> JointSchemaHead:
-    return make_head()
-
-
-@pytest.fixture(scope="module")
-def embeddings() -> torch.Tensor:
-    return torch.randn(VOCAB, CONFIG.hidden_size, generator=torch.Generator().manual_seed(99))
-
-
 # --- config -----------------------------------------------------------------------------------------
 
 

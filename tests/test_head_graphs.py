@@ -35,16 +35,6 @@ SHAPES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def head() -> JointSchemaHead:
-    return make_head()
-
-
-@pytest.fixture(scope="module")
-def embeddings() -> torch.Tensor:
-    return torch.randn(VOCAB, CONFIG.hidden_size, generator=torch.Generator().manual_seed(99))
-
-
 def test_buckets_pad_little_and_stay_aligned() -> None:
     for length in [1, 16, 255, 256, 257, 1000, 3000, 4096, 4097, 16_384, 20_000]:
         bucket = bucket_for(length, 3, 11)

@@ -40,8 +40,6 @@ def body(state="look", questions=None, **media):
     return {"model": "clef-test", "state": state, "questions": questions or QUESTIONS, **media}
 
 
-
-
 def pil(raw: bytes):
     from PIL import Image
 

@@ -167,8 +167,6 @@ def png_base64() -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-
-
 @pytest.mark.parametrize(
     ("media", "where", "needle"),
     [

@@ -7,23 +7,23 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from servers import ENGINE_FLAGS
+from servers import systemone as start_systemone
+from servers import vllm_serve as start_vllm_serve
 
-from clef_quant.bench.processes import free_port, python_command, running, systemone_command
 from clef_quant.bench.workload import varied_requests
 
 pytestmark = pytest.mark.slow
 
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-ENGINE_FLAGS = ["--max-model-len", "4096", "--enforce-eager", "--max-num-batched-tokens", "65536"]
 
 
 @pytest.fixture(scope="module")
 def systemone(tiny_dir, tmp_path_factory):
-    port = free_port()
-    command = systemone_command(tiny_dir, port, "--api-key", API_KEY, *ENGINE_FLAGS)
-    with running(command, port, tmp_path_factory.mktemp("logs") / "systemone.log") as statuses:
-        yield f"http://127.0.0.1:{port}", statuses
+    log = tmp_path_factory.mktemp("logs") / "systemone.log"
+    with start_systemone(tiny_dir, log, "--api-key", API_KEY, *ENGINE_FLAGS) as (url, statuses):
+        yield url, statuses
 
 
 def post(url: str, body, headers=AUTH, **kwargs) -> httpx.Response:
@@ -130,19 +130,8 @@ def test_models_and_openapi(systemone, tiny_dir):
 
 @pytest.fixture(scope="module")
 def vllm_serve(tiny_dir, tmp_path_factory):
-    port = free_port()
-    command = python_command(
-        "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(tiny_dir),
-        "--runner", "pooling",
-        "--hf-overrides", '{"architectures": ["ClefFlashForJointSchema"]}',
-        "--language-model-only",
-        "--served-model-name", "clef",
-        "--port", str(port),
-        *ENGINE_FLAGS,
-    )  # fmt: skip
-    with running(command, port, tmp_path_factory.mktemp("logs") / "vllm-serve.log"):
-        yield f"http://127.0.0.1:{port}"
+    with start_vllm_serve(tiny_dir, tmp_path_factory.mktemp("logs") / "vllm-serve.log", "--language-model-only") as url:
+        yield url
 
 
 def test_vllm_serve_answers_like_clef_systemone(systemone, vllm_serve):

@@ -13,6 +13,7 @@ import time
 import httpx
 import psutil
 import pytest
+from raw_json import NOUL, deep
 
 from clef_quant.bench.processes import free_port, running, systemone_command
 
@@ -25,7 +26,6 @@ FLAGS = [
     "--header-timeout", str(HEADER_TIMEOUT), "--body-timeout", str(BODY_TIMEOUT),
     "--idle-timeout", str(IDLE_TIMEOUT), "--max-connections", str(MAX_CONNECTIONS),
 ]  # fmt: skip
-NOUL = b'"questions": {"q": {"type": "noul"}}'
 
 
 class Server:
@@ -54,10 +54,6 @@ def server(tiny_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "systemone.log"
     with running(systemone_command(tiny_dir, port, *FLAGS), port, log):
         yield Server(port, log)
-
-
-def deep(levels: int) -> bytes:
-    return b"[" * levels + b"]" * levels
 
 
 HOSTILE = [

@@ -61,7 +61,6 @@ def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
             process.wait()
 
 
-
 def post(url: str, body: Any, timeout: float = 300) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body)
     return httpx.post(

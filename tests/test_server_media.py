@@ -8,14 +8,15 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from media_files import b64, image_b64, image_bytes, video_b64, video_bytes
+from servers import ENGINE_FLAGS
+from servers import systemone as start_systemone
+from servers import vllm_serve as start_vllm_serve
 from test_media import png_bomb
 
-from clef_quant.bench.processes import free_port, python_command, running, systemone_command
 from clef_quant.bench.workload import image_requests
 
 pytestmark = pytest.mark.slow
 
-ENGINE_FLAGS = ["--max-model-len", "4096", "--enforce-eager", "--max-num-batched-tokens", "65536"]
 QUESTIONS = {
     "red": {"type": "noul", "instructions": "Is it red?"},
     "kind": {"type": "choice", "criteria": {"a": "x", "b": "y"}},
@@ -35,10 +36,20 @@ def post(url: str, request, **kwargs) -> httpx.Response:
 
 @pytest.fixture(scope="module")
 def systemone(tiny_dir, tmp_path_factory):
-    port = free_port()
     flags = ["--limit-images", "3", "--limit-videos", "1", "--max-video-frames", "8", *ENGINE_FLAGS]
-    with running(systemone_command(tiny_dir, port, *flags), port, tmp_path_factory.mktemp("logs") / "s1.log"):
-        yield f"http://127.0.0.1:{port}"
+    with start_systemone(tiny_dir, tmp_path_factory.mktemp("logs") / "s1.log", *flags) as (url, _):
+        yield url
+
+
+def assert_answered_with_media(url: str, requests: list[dict]) -> None:
+    """Every request is answered, and its prompt is longer than the same request's without media."""
+    text = post(url, body()).json()
+    for request in requests:
+        response = post(url, request)
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert set(answer["answers"]) == {"red", "kind"}
+        assert answer["usage"]["input_tokens"] > text["usage"]["input_tokens"] + 16  # the expanded media
 
 
 def test_systemone_answers_image_and_video_requests(systemone):
@@ -52,13 +63,7 @@ def test_systemone_answers_image_and_video_requests(systemone):
         body(images=[image_b64()], videos=[f"data:video/webm;base64,{video_b64(2.0, 8, fmt='webm', codec='libvpx')}"]),
         dict(body(assets={"<photo>": {"format": "png", "data_base64": image_b64()}}), state="look at <photo>"),
     ]
-    text = post(systemone, body()).json()
-    for request in requests:
-        response = post(systemone, request)
-        assert response.status_code == 200, response.text
-        answer = response.json()
-        assert set(answer["answers"]) == {"red", "kind"}
-        assert answer["usage"]["input_tokens"] > text["usage"]["input_tokens"] + 16  # the expanded media
+    assert_answered_with_media(systemone, requests)
 
 
 def test_multipart_request_with_image_parts(systemone):
@@ -123,18 +128,8 @@ def test_bad_media_gets_a_400_naming_it_and_the_server_stays_healthy(systemone, 
 
 @pytest.fixture(scope="module")
 def vllm_serve(tiny_dir, tmp_path_factory):
-    port = free_port()
-    command = python_command(
-        "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(tiny_dir),
-        "--runner", "pooling",
-        "--hf-overrides", '{"architectures": ["ClefFlashForJointSchema"]}',
-        "--served-model-name", "clef",
-        "--port", str(port),
-        *ENGINE_FLAGS,
-    )  # fmt: skip
-    with running(command, port, tmp_path_factory.mktemp("logs") / "vllm-serve-media.log"):
-        yield f"http://127.0.0.1:{port}"
+    with start_vllm_serve(tiny_dir, tmp_path_factory.mktemp("logs") / "vllm-serve-media.log") as url:
+        yield url
 
 
 def test_vllm_serve_answers_image_and_video_requests(vllm_serve):
@@ -143,13 +138,7 @@ def test_vllm_serve_answers_image_and_video_requests(vllm_serve):
         body(videos=[f"data:video/mp4;base64,{video_b64(2.0, 8)}"]),
         body(images=[image_b64(64, 64)], videos=[video_b64(1.5, 8)]),
     ]
-    text = post(vllm_serve, body()).json()
-    for request in requests:
-        response = post(vllm_serve, request)
-        assert response.status_code == 200, response.text
-        answer = response.json()
-        assert set(answer["answers"]) == {"red", "kind"}
-        assert answer["usage"]["input_tokens"] > text["usage"]["input_tokens"] + 16
+    assert_answered_with_media(vllm_serve, requests)
     bad = post(vllm_serve, body(images=[b64(b"plain text")]))
     assert bad.status_code == 400
     assert "images[0]" in bad.json()["error"]["message"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import zstandard
+from servers import ENGINE_FLAGS
 
 from clef_quant.bench.processes import free_port, running, systemone_command
 
@@ -24,7 +25,6 @@ pytestmark = pytest.mark.slow
 
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-ENGINE_FLAGS = ["--max-model-len", "4096", "--enforce-eager", "--max-num-batched-tokens", "65536"]
 WORKERS_AI = "/accounts/acct123/ai/run/@cf/cloudflare/clef-flash"
 BODY = {
     "state": {"ticket": "I was charged twice for one order. " * 40},

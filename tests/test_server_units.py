@@ -11,19 +11,13 @@ import zlib
 import httpx
 import pytest
 import zstandard
+from raw_json import NOUL, deep
 
 from clef_vllm.errors import RequestError
 from clef_vllm.server import strict_json
 from clef_vllm.server.body import TooLarge, decoder_for
 from clef_vllm.server.error_shape import ApiError
 from clef_vllm.server.model_info import model_info
-
-NOUL = b'"questions": {"q": {"type": "noul"}}'
-
-
-def deep(levels: int, closed: bool = True) -> bytes:
-    return b"[" * levels + (b"]" * levels if closed else b"")
-
 
 # (raw body, code, field)
 REFUSED = [

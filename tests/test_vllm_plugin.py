@@ -43,9 +43,7 @@ def test_pooler_equals_head_on_vllm_hidden_states(tiny_dir, clef_engine, chunk):
     # 64-token steps split every prompt across engine steps, which only a batch-variant engine allows
     split = {"batch_invariant": False} if chunk < ENGINE_MAX_MODEL_LEN else {}
     classify = clef_engine(tiny_dir, max_num_batched_tokens=chunk, **split)
-    embed = clef_engine(
-        tiny_dir, max_num_batched_tokens=chunk, pooler_config=PoolerConfig(task="token_embed"), **split
-    )
+    embed = clef_engine(tiny_dir, max_num_batched_tokens=chunk, pooler_config=PoolerConfig(task="token_embed"), **split)
     bodies = varied_requests(8, seed=1)
     encodings = _encodings(classify, bodies)
     assert max(e.num_tokens for e in encodings) > 4 * 64, "some prompts must span many chunks"

@@ -1,9 +1,10 @@
-"""What a benchmark report says about the machine it ran on."""
+"""What a benchmark report says about the machine it ran on, and the key/value table that opens every report."""
 
 from __future__ import annotations
 
 import os
 import platform
+from datetime import UTC, datetime
 
 import torch
 
@@ -26,3 +27,13 @@ def load_average() -> str:
     except OSError:
         return "unknown"
     return f"{one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores, at the start"
+
+
+def report_date() -> str:
+    """Now, as every benchmark report states its date."""
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def facts_table(title: str, facts: dict[str, str]) -> list[str]:
+    """The lines that open a report: its title, then one row per fact (machine, date, versions, command...)."""
+    return [f"# {title}", "", "| | |", "|---|---|", *(f"| {key} | {value} |" for key, value in facts.items())]

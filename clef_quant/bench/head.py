@@ -17,12 +17,11 @@ import argparse
 import copy
 import statistics
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 
-from clef_quant.bench.environment import load_average, machine_name
+from clef_quant.bench.environment import load_average, machine_name, report_date
 from clef_quant.bench.head_report import HeadBenchResult, HeadBenchRow, StepRow, bench_command, render_markdown
 from clef_quant.bench.head_workload import (
     DTYPES,
@@ -149,7 +148,7 @@ def run_head_bench(
         dtype=dtype,
         machine=machine_name(target),
         torch_version=torch.__version__,
-        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        date=report_date(),
         tokens=tokens,
         vocab_rows=vocab,
         config=config,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from clef_quant.bench.environment import facts_table
 from clef_quant.bench.timing import PROFILED_RUNS, SETTLE_S
 from clef_vllm.head_files import HeadConfig
 
@@ -68,24 +69,22 @@ def _ms(value: float | None) -> str:
 def render_markdown(result: HeadBenchResult, command: str) -> str:
     c = result.config
     with_ref = any(row.vectorized_ref_diff is not None for row in result.rows)
-    lines = [
-        "# Joint schema head: batched forward, fast path and loop form",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| machine | {result.machine} |",
-        f"| device, dtype | {result.device}, {result.dtype} |",
-        f"| torch | {result.torch_version} |",
-        f"| date | {result.date} |",
-        f"| command | `{command}` |",
-        f"| head | hidden {c.hidden_size}, width {c.width}, routing layers {c.routing_layers}, "
-        f"layers {c.layers}, heads {c.heads}, feedforward {c.feedforward}; "
-        f"random weights (seed {result.seed}) |",
-        f"| record | one record of {result.tokens} tokens, {result.vocab_rows} output-embedding rows |",
-        f"| timing | median of {result.repeats} runs after {result.warmup} warm-up runs of the vectorized "
+    facts = {
+        "machine": result.machine,
+        "device, dtype": f"{result.device}, {result.dtype}",
+        "torch": result.torch_version,
+        "date": result.date,
+        "command": f"`{command}`",
+        "head": f"hidden {c.hidden_size}, width {c.width}, routing layers {c.routing_layers}, "
+        f"layers {c.layers}, heads {c.heads}, feedforward {c.feedforward}; random weights (seed {result.seed})",
+        "record": f"one record of {result.tokens} tokens, {result.vocab_rows} output-embedding rows",
+        "timing": f"median of {result.repeats} runs after {result.warmup} warm-up runs of the vectorized "
         f"and fast forms (on a GPU at least {SETTLE_S} s of warm-up for each form), perf_counter, device "
-        "synchronized around each run |",
-        f"| load | {result.load} |",
+        "synchronized around each run",
+        "load": result.load,
+    }
+    lines = [
+        *facts_table("Joint schema head: batched forward, fast path and loop form", facts),
         "",
         "`vectorized` is `JointSchemaHead.forward`; `fast` is `clef_vllm.head_graphs.GraphedHead`, what the "
         "pooler calls (on CUDA a CUDA graph replay per shape bucket, elsewhere the vectorized forward); `loop` "

@@ -22,10 +22,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from clef_quant.bench.environment import facts_table, report_date
 from clef_quant.bench.processes import free_port, running, systemone_command
 from clef_quant.bench.workload import varied_requests
 from clef_vllm.engine import apply_cpu_defaults
@@ -197,17 +197,18 @@ def render_markdown(result: ServeBenchResult, command: str, machine: str) -> str
     import transformers
     import vllm
 
+    facts = {
+        "machine": machine,
+        "date": report_date(),
+        "versions": f"vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}",
+        "command": f"`{command}`",
+        "model": f"`{result.model}`",
+        "workload": f"{result.records} varied requests (`clef_quant.bench.workload`), {result.tokens} prompt tokens",
+    }
     lines = [
-        "# Serving: clef-systemone vs the offline engine, and the plugin vs the transformers reference",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| machine | {machine} |",
-        f"| date | {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')} |",
-        f"| versions | vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__} |",
-        f"| command | `{command}` |",
-        f"| model | `{result.model}` |",
-        f"| workload | {result.records} varied requests (`clef_quant.bench.workload`), {result.tokens} prompt tokens |",
+        *facts_table(
+            "Serving: clef-systemone vs the offline engine, and the plugin vs the transformers reference", facts
+        ),
         "",
         "| side | records/s | tokens/s |",
         "|---|---:|---:|",

@@ -16,13 +16,12 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from clef_quant.bench.environment import load_average, machine_name
+from clef_quant.bench.environment import load_average, machine_name, report_date
 from clef_quant.bench.throughput_report import ThroughputResult, ThroughputRow
 from clef_quant.evaluation.engines import FreshEngines
 from clef_quant.evaluation.scoring import score_plugin, score_reference
@@ -128,7 +127,7 @@ def run_throughput(
 
     return ThroughputResult(
         machine=machine_name(torch.device(device)),
-        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        date=report_date(),
         load=load,
         versions=tool_versions(),
         source=source,

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from clef_quant.bench.environment import facts_table
 from clef_vllm.errors import ClefError
 
 REPORT_FORMAT = "clef-quant-bench-throughput/1"
@@ -90,8 +91,7 @@ def results_table(result: ThroughputResult) -> str:
 
 
 def render_markdown(result: ThroughputResult, command: str) -> str:
-    facts = [f"| {key} | {value} |" for key, value in report_facts(result, command).items()]
-    lines = [f"# {REPORT_TITLE}", "", "| | |", "|---|---|", *facts, "", results_table(result)]
+    lines = [*facts_table(REPORT_TITLE, report_facts(result, command)), "", results_table(result)]
     return "\n".join(lines) + "\n"
 
 

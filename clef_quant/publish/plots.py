@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +29,15 @@ def draw_plots(results: EvalResults, out_dir: Path) -> list[dict[str, str]]:
     import matplotlib
 
     matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    plots = [
-        _accuracy_agreement(results, out_dir / "accuracy_agreement.png"),
-        _kl(results, out_dir / "kl_per_task.png"),
-        _scatter(results, out_dir / "probability_scatter.png"),
-    ]
+    plots = []
+    for plot in _PLOTS:
+        fig = plot.draw(results)
+        fig.savefig(out_dir / plot.file, dpi=DPI)
+        plt.close(fig)
+        plots.append({"file": plot.file, "alt": plot.alt, "caption": plot.caption})
     return plots
 
 
@@ -92,7 +96,7 @@ def _grouped_bars(
     ax.set_axisbelow(True)
 
 
-def _accuracy_agreement(results: EvalResults, path: Path) -> dict[str, str]:
+def _accuracy_agreement(results: EvalResults) -> Any:
     import matplotlib.pyplot as plt
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7.2), sharex=True, layout="constrained")
@@ -105,19 +109,11 @@ def _accuracy_agreement(results: EvalResults, path: Path) -> dict[str, str]:
     bottom.set_ylabel("top-1 agreement with bf16 (%)")
     bottom.set_ylim(0, 100)
     bottom.set_title("Top-1 agreement with the bf16 reference, per task", fontsize=10)
-    # One legend for both panels (the same colors), above them, so the plots keep the full width.
-    fig.legend(*top.get_legend_handles_labels(), loc="outside upper center", ncols=len(results.sides), fontsize=8)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return {
-        "file": path.name,
-        "alt": "Bar charts of accuracy and of top-1 agreement with bf16, per task, for every side",
-        "caption": "Accuracy against gold (top) and top-1 agreement with the bf16 reference (bottom), per task and "
-        "for All. The noise floor is bf16 through the same vLLM engine; the outlined bars are this release.",
-    }
+    _legend_above(fig, top, len(results.sides))
+    return fig
 
 
-def _kl(results: EvalResults, path: Path) -> dict[str, str]:
+def _kl(results: EvalResults) -> Any:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 4.4), layout="constrained")
@@ -128,18 +124,11 @@ def _kl(results: EvalResults, path: Path) -> dict[str, str]:
     ax.set_ylim(bottom=max(low, KL_FLOOR))
     ax.set_ylabel("mean KL(bf16 || side), nats (log)")
     ax.set_title("KL divergence from the bf16 reference per question, per task (lower is closer)", fontsize=10)
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside upper center", ncols=len(compared), fontsize=8)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return {
-        "file": path.name,
-        "alt": "Bar chart of the mean KL divergence from bf16 per task, log scale",
-        "caption": "Mean KL(bf16 reference || side) per question, log scale: a candidate's bar far above the noise "
-        "floor's is quantization, not the engine.",
-    }
+    _legend_above(fig, ax, len(compared))
+    return fig
 
 
-def _scatter(results: EvalResults, path: Path) -> dict[str, str]:
+def _scatter(results: EvalResults) -> Any:
     import matplotlib.pyplot as plt
 
     colors = _colors(results)
@@ -159,11 +148,42 @@ def _scatter(results: EvalResults, path: Path) -> dict[str, str]:
         ax.text(0.03, 0.95, f"{len(xs):,} options", transform=ax.transAxes, fontsize=7, va="top")
     axes[0][0].set_ylabel("side's probability", fontsize=8)
     fig.suptitle("Every option's probability: bf16 reference (x) against each side (y)", fontsize=10)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return {
-        "file": path.name,
-        "alt": "Scatter plots of option probabilities, bf16 reference against each side",
-        "caption": "One point per option of every evaluated question; on the dashed diagonal a side gives exactly "
+    return fig
+
+
+def _legend_above(fig: Any, ax: Any, columns: int) -> None:
+    """One legend for all panels (they share colors), above them, so the plots keep the full width."""
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside upper center", ncols=columns, fontsize=8)
+
+
+@dataclass(frozen=True)
+class _Plot:
+    file: str
+    draw: Callable[[EvalResults], Any]  # returns the matplotlib figure
+    alt: str
+    caption: str
+
+
+_PLOTS = (
+    _Plot(
+        "accuracy_agreement.png",
+        _accuracy_agreement,
+        alt="Bar charts of accuracy and of top-1 agreement with bf16, per task, for every side",
+        caption="Accuracy against gold (top) and top-1 agreement with the bf16 reference (bottom), per task and "
+        "for All. The noise floor is bf16 through the same vLLM engine; the outlined bars are this release.",
+    ),
+    _Plot(
+        "kl_per_task.png",
+        _kl,
+        alt="Bar chart of the mean KL divergence from bf16 per task, log scale",
+        caption="Mean KL(bf16 reference || side) per question, log scale: a candidate's bar far above the noise "
+        "floor's is quantization, not the engine.",
+    ),
+    _Plot(
+        "probability_scatter.png",
+        _scatter,
+        alt="Scatter plots of option probabilities, bf16 reference against each side",
+        caption="One point per option of every evaluated question; on the dashed diagonal a side gives exactly "
         "the reference's probability.",
-    }
+    ),
+)

@@ -210,4 +210,4 @@ def load_auto_recipe(
         "predicted_bytes": plan.predicted_bytes,
         "units": plan.counts(),
     }
-    return Recipe(scheme=AUTO_SCHEME, path=Path(scan_path), template=text, text=text, variables=variables)
+    return Recipe(scheme=AUTO_SCHEME, path=Path(scan_path), text=text, variables=variables)

@@ -28,6 +28,17 @@ class CheckedInputs:
     head_dir: Path
 
 
+def bf16_source_config(source_dir: Path, verb: str) -> dict[str, Any]:
+    """The source release's config.json; a quantized source is refused (`verb` says what needs the bf16 one)."""
+    try:
+        source_config = json.loads((source_dir / "config.json").read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise QuantizeError(f"{source_dir / 'config.json'} is not valid JSON: {exc.msg}") from None
+    if source_config.get("quantization_config"):
+        raise QuantizeError(f"{source_dir} is already quantized; {verb} the bf16 release")
+    return source_config
+
+
 def check_inputs(config: QuantizeConfig) -> CheckedInputs:
     """Everything that can be wrong before the model loads, checked in one go (cheapest first)."""
     out = Path(config.out).expanduser().absolute()
@@ -38,12 +49,7 @@ def check_inputs(config: QuantizeConfig) -> CheckedInputs:
     source_dir = resolve_release(config.source, config.revision).absolute()
     if out.resolve() == source_dir.resolve() or out.resolve() in source_dir.resolve().parents:
         raise QuantizeError(f"--out {out} would replace the source {source_dir}")
-    try:
-        source_config = json.loads((source_dir / "config.json").read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise QuantizeError(f"{source_dir / 'config.json'} is not valid JSON: {exc.msg}") from None
-    if source_config.get("quantization_config"):
-        raise QuantizeError(f"{source_dir} is already quantized; quantize the bf16 release")
+    source_config = bf16_source_config(source_dir, "quantize")
     if config.scheme == AUTO_SCHEME:
         if config.scan_file is None:
             raise QuantizeError("--scheme auto needs --scan SCAN.json (from clef-quant scan)")

@@ -116,4 +116,4 @@ def inspect_checkpoint(folder: str | Path, *, verify_hashes: bool = True) -> Ins
         head_check,
     ]
     kind = SOURCE if is_source else RELEASE
-    return InspectReport(folder, modules, checks, violations, notes, quant_method, manifest, kind)
+    return InspectReport(folder, modules, checks, violations, notes, kind)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 CHECK_KEEP = "keep-list stays bf16"
 CHECK_FUSED = "fused groups share scheme and global scale"
@@ -60,8 +59,6 @@ class InspectReport:
     checks: list[CheckResult]
     violations: list[Violation]
     notes: list[str] = field(default_factory=list)
-    quant_method: str | None = None
-    manifest: dict[str, Any] | None = None
     kind: str = RELEASE  # RELEASE, SOURCE (a bf16 source release) or UNFINISHED (nothing but that was read)
 
     @property

@@ -10,13 +10,13 @@ assertion midway through calibration).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from clef_quant.formatting import first_few
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.recipes import KEEP_BF16, is_kept_bf16
-from clef_quant.quantize.schemes import BF16, fused_groups_of, module_kind, scheme_label
+from clef_quant.quantize.schemes import BF16, fused_groups_of, scheme_label
 
 MAX_LISTED = 8
 
@@ -26,9 +26,6 @@ class QuantPlan:
     """Per Linear module (model order): the scheme label it gets, `bf16` when it stays unquantized."""
 
     schemes: dict[str, str]
-    params: dict[str, int]
-    needs_calibration: bool
-    modifiers: list[str] = field(default_factory=list)
 
     @property
     def quantized(self) -> list[str]:
@@ -37,14 +34,6 @@ class QuantPlan:
     @property
     def kept_bf16(self) -> list[str]:
         return [name for name, label in self.schemes.items() if label == BF16]
-
-    def totals_by_kind(self) -> dict[str, dict[str, int]]:
-        """kind -> {label: module count}."""
-        totals: dict[str, dict[str, int]] = {}
-        for name, label in self.schemes.items():
-            counts = totals.setdefault(module_kind(name), {})
-            counts[label] = counts.get(label, 0) + 1
-        return totals
 
 
 def parse_recipe(text: str) -> Any:
@@ -90,12 +79,7 @@ def plan_quantization(model: Any, recipe: Any) -> QuantPlan:
     _refuse_split_fused_groups(schemes)
     if not any(label != BF16 for label in schemes.values()):
         raise QuantizeError("the recipe quantizes no Linear module of this model; check its targets")
-    return QuantPlan(
-        schemes=schemes,
-        params={name: module.weight.numel() for name, module in linears.items()},
-        needs_calibration=recipe_needs_calibration(recipe),
-        modifiers=[type(m).__name__ for m in recipe.modifiers],
-    )
+    return QuantPlan(schemes=schemes)
 
 
 def _matches(name: str, module: Any, target: str) -> bool:

@@ -49,11 +49,10 @@ _PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 @dataclass(frozen=True)
 class Recipe:
-    """A recipe ready for llm-compressor: where it came from, the file as written and the filled text."""
+    """A recipe ready for llm-compressor: where it came from and the filled text."""
 
     scheme: str  # a SCHEMES key, or CUSTOM_SCHEME for a user recipe
     path: Path | Traversable  # a user file, or the shipped recipe of the scheme
-    template: str
     text: str
     variables: dict[str, Any]  # placeholder values used to fill it
 
@@ -128,10 +127,4 @@ def load_recipe(scheme: str | None, recipe_file: Path | None, config: dict[str, 
         raise QuantizeError(f"recipe {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(parsed, dict) or not parsed:
         raise QuantizeError(f"recipe {path} is not an llm-compressor recipe (expected a mapping of stages)")
-    return Recipe(
-        scheme=scheme or CUSTOM_SCHEME,
-        path=path,
-        template=template,
-        text=text,
-        variables=variables,
-    )
+    return Recipe(scheme=scheme or CUSTOM_SCHEME, path=path, text=text, variables=variables)

@@ -25,7 +25,6 @@ are written at the end.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from typing import Any
 
 from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, DEFAULT_MAX_SEQ_LEN, draw, read_request_bodies
 from clef_quant.quantize.errors import QuantizeError
-from clef_quant.quantize.inputs import check_device
+from clef_quant.quantize.inputs import bf16_source_config, check_device
 from clef_quant.quantize.progress import NoProgress, Progress
 from clef_quant.quantize.recipes import load_recipe
 from clef_quant.quantize.scan_file import (
@@ -151,12 +150,7 @@ def _check(config: ScanConfig) -> tuple[Path, dict[str, Any], list[dict], list[d
         raise QuantizeError("--calibration-records must be at least 1")
     check_device(config.device)
     source_dir = resolve_release(config.source, config.revision).absolute()
-    try:
-        source_config = json.loads((source_dir / "config.json").read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise QuantizeError(f"{source_dir / 'config.json'} is not valid JSON: {exc.msg}") from None
-    if source_config.get("quantization_config"):
-        raise QuantizeError(f"{source_dir} is already quantized; scan the bf16 release")
+    source_config = bf16_source_config(source_dir, "scan")
     for scheme in config.schemes:
         load_recipe(scheme, None, source_config)
     path: Path | Traversable = (

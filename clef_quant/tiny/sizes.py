@@ -11,7 +11,7 @@ token id reaches, as a real checkpoint's embedding is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,6 @@ class TextShape:
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
-    full_attention_interval: int  # every n-th layer is full attention, the others Gated DeltaNet
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
@@ -32,6 +31,7 @@ class TextShape:
     linear_key_head_dim: int = 128
     linear_value_head_dim: int = 128
     linear_conv_kernel_dim: int = 4
+    full_attention_interval: int = 4  # every n-th layer is full attention, the others Gated DeltaNet (Qwen3.5: 4)
 
     @property
     def layer_types(self) -> list[str]:
@@ -77,37 +77,37 @@ class Size:
     max_shard_bytes: int = 5 * 10**9
 
 
-SIZES: dict[str, Size] = {
-    "tiny": Size(
-        name="tiny",
-        text=TextShape(
-            vocab_size=2048,
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=4,
-            full_attention_interval=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=64,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-        ),
-        vision=VisionShape(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, num_position_embeddings=256),
-        head=HeadShape(width=32, routing_layers=1, layers=1, heads=2, feedforward=64),
+_TINY = Size(
+    name="tiny",
+    text=TextShape(
+        vocab_size=2048,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
     ),
-    "small": Size(
+    vision=VisionShape(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, num_position_embeddings=256),
+    head=HeadShape(width=32, routing_layers=1, layers=1, heads=2, feedforward=64),
+)
+
+
+SIZES: dict[str, Size] = {
+    "tiny": _TINY,
+    # The tiny model widened and deepened, with the same attention layout.
+    "small": replace(
+        _TINY,
         name="small",
-        text=TextShape(
+        text=replace(
+            _TINY.text,
             vocab_size=8192,
             hidden_size=512,
             intermediate_size=1536,
             num_hidden_layers=8,
-            full_attention_interval=4,
             num_attention_heads=8,
-            num_key_value_heads=2,
-            head_dim=64,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
         ),
         vision=VisionShape(depth=4, hidden_size=256, intermediate_size=1024, num_heads=4, num_position_embeddings=1024),
         head=HeadShape(width=128, routing_layers=2, layers=2, heads=4, feedforward=512),
@@ -120,7 +120,6 @@ SIZES: dict[str, Size] = {
             hidden_size=4096,
             intermediate_size=12288,
             num_hidden_layers=32,
-            full_attention_interval=4,
             num_attention_heads=16,
             num_key_value_heads=4,
             head_dim=256,

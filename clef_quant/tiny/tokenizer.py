@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator
-from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
 from transformers.models.qwen3_5.tokenization_qwen3_5 import Qwen3_5Tokenizer
@@ -215,8 +214,3 @@ def build_tokenizer(learned_vocab_size: int = LEARNED_VOCAB_SIZE) -> Qwen3_5Toke
 def token_ids(tokenizer: Qwen3_5Tokenizer) -> dict[str, int]:
     """Ids of the control tokens, by token text."""
     return {t: tokenizer.convert_tokens_to_ids(t) for t in (*SPECIAL_TOKENS, *THINK_TOKENS)}
-
-
-def save_tokenizer(tokenizer: Qwen3_5Tokenizer, folder: Path) -> None:
-    """Write the tokenizer files and `chat_template.jinja` into `folder`."""
-    tokenizer.save_pretrained(folder)

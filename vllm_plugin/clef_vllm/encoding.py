@@ -10,7 +10,9 @@ the same ids as a whole-state tokenization.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,7 +26,7 @@ from clef_vllm.media import (
     decode_image,
     decode_video,
 )
-from clef_vllm.request import ClefRequest
+from clef_vllm.request import ClefRequest, Limits, parse_request
 from clef_vllm.schema import RecordSchema
 from clef_vllm.state_cut import cut_state
 
@@ -201,6 +203,29 @@ def encode_request(
         multi_modal_data=media.multi_modal_data,
         state_tokens_dropped_exact=state.dropped_exact,
     )
+
+
+def prepare_request(
+    body: Any,
+    limits: Limits,
+    tokenizer: Tokenizer,
+    processor: Any | None,
+    max_length: int,
+    parts: Mapping[str, bytes] | None = None,
+    processor_lock: contextlib.AbstractContextManager[Any] | None = None,
+) -> tuple[ClefRequest, Encoding]:
+    """A request body (or a request already parsed) checked against `limits` and encoded, as every server does.
+
+    `parts` are a multipart request's file parts; `processor_lock` is held while a request with media is encoded,
+    for callers whose threads share one processor.
+    """
+    request = body if isinstance(body, ClefRequest) else parse_request(body, limits, parts)
+    lock = processor_lock if processor_lock is not None and request.has_media else contextlib.nullcontext()
+    with lock:
+        encoding = encode_request(
+            request, tokenizer, processor=processor, max_length=max_length, media_limits=limits.media
+        )
+    return request, encoding
 
 
 @dataclass

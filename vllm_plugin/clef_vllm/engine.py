@@ -30,11 +30,11 @@ from typing import Any
 import torch
 
 from clef_vllm.answers import response_from_logits
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, prepare_request
 from clef_vllm.errors import CheckpointError, RequestError, SettingsError
 from clef_vllm.plugin import ARCHITECTURE
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
-from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
+from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits
 from clef_vllm.vllm_logs import show_vllm_warnings_once
 
 CPU_KV_CACHE_GIB = "2"
@@ -179,15 +179,7 @@ class ClefEngine:
             _IN_PROCESS_ENGINES.add(self)
 
     def encode(self, body: dict[str, Any] | ClefRequest) -> tuple[ClefRequest, Encoding]:
-        request = body if isinstance(body, ClefRequest) else parse_request(body, self.limits)
-        encoding = encode_request(
-            request,
-            self.tokenizer,
-            processor=self.processor,
-            max_length=self.max_length,
-            media_limits=self.limits.media,
-        )
-        return request, encoding
+        return prepare_request(body, self.limits, self.tokenizer, self.processor, self.max_length)
 
     def logits(self, encodings: Sequence[Encoding], *, progress: bool = False) -> list[torch.Tensor]:
         """Every option's logit for each encoded request (flat, model order), batched by vLLM."""

@@ -21,10 +21,9 @@ from itertools import chain
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from clef_vllm.head_ops import attend, capped_scale, decoder_layer, project_kv, segment_softmax
+from clef_vllm.head_ops import decoder_layer, option_logits, routed_options, segment_softmax
 from clef_vllm.schema import NUM_QUESTION_TYPES, RecordSchema
 
 if TYPE_CHECKING:  # the config lives with the files that store it, which load into this module
@@ -161,21 +160,7 @@ class JointSchemaHead(nn.Module):
         lexical = (lexical / plan.span_length[plan.num_questions :, None]).to(dtype)
 
         oq = plan.option_question
-        options = (
-            self.option_context_projection(context)
-            + self.option_lexical_projection(lexical)
-            + self.option_question_projection(question)[oq]
-        )
-        for layer in self.evidence_layers:
-            keys_values = project_kv(layer.attention, layer.memory_norm(memory))
-            attended = attend(
-                layer.attention,
-                plan.pad_options(layer.query_norm(options)),
-                plan.pad_tokens(keys_values),
-                plan.memory_mask,
-            )
-            options = options + plan.unpad_options(attended)
-            options = options + layer.feedforward(layer.feedforward_norm(options))
+        options = routed_options(self, context, lexical, question, oq, memory, plan)
 
         # Per question: a softmax over its options' agreement with the question picks the option summary.
         field_query = self.question_projection(question)  # [Q, w]
@@ -196,14 +181,7 @@ class JointSchemaHead(nn.Module):
             padded = decoder_layer(layer, padded, plan.pad_tokens, memory, plan.field_mask, plan.memory_mask)
         fields_ = self.field_norm(plan.unpad_questions(padded))
 
-        field = fields_[oq]
-        option = self.option_norm(options)
-        joint = capped_scale(self.joint_logit_scale) * F.cosine_similarity(field, option, dim=-1)
-        pair = torch.cat([field, option, field * option, (field - option).abs()], dim=-1)
-        joint = joint + self.residual_scorer(pair).squeeze(-1)
-        question_global = (question + last[qr])[oq]
-        prior = capped_scale(self.prior_logit_scale) * F.cosine_similarity(lexical, question_global, dim=-1)
-        logits = prior + torch.sigmoid(self.residual_gate) * joint
+        logits = option_logits(self, fields_, options, lexical, question + last[qr], oq)
         return list(logits.split(plan.options_per_record))
 
 

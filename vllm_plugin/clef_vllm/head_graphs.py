@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from itertools import chain
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from clef_vllm.head import JointSchemaHead
-from clef_vllm.head_ops import attend, capped_scale, decoder_layer, project_kv
+from clef_vllm.head_ops import decoder_layer, option_logits, routed_options
 from clef_vllm.schema import RecordSchema
 
 MIN_TOKENS = 256
@@ -142,16 +141,7 @@ def _padded_forward(head: JointSchemaHead, hidden: Tensor, rows: Tensor, meta: T
     question, context = means[:n_q], means[n_q:]
     lexical = (_span_sums(indicator[n_q:], rows) / counts[n_q:]).to(dtype)
 
-    options = (
-        head.option_context_projection(context)
-        + head.option_lexical_projection(lexical)
-        + head.option_question_projection(question)[owner_index]
-    )
-    for layer in head.evidence_layers:
-        keys_values = project_kv(layer.attention, layer.memory_norm(memory))
-        attended = attend(layer.attention, layer.query_norm(options)[None], keys_values[None], memory_bias)
-        options = options + attended[0]
-        options = options + layer.feedforward(layer.feedforward_norm(options))
+    options = routed_options(head, context, lexical, question, owner_index, memory, _OneRecord(memory_bias))
 
     field_query = head.question_projection(question)
     scores = (options.float() * field_query.float()[owner_index]).sum(-1) / math.sqrt(head.config.width)
@@ -175,14 +165,23 @@ def _padded_forward(head: JointSchemaHead, hidden: Tensor, rows: Tensor, meta: T
         padded = decoder_layer(layer, padded, lambda t: t[None], memory, field_bias, memory_bias)
     fields_ = head.field_norm(padded[0])
 
-    field = fields_[owner_index]
-    option = head.option_norm(options)
-    joint = capped_scale(head.joint_logit_scale) * F.cosine_similarity(field, option, dim=-1)
-    pair = torch.cat([field, option, field * option, (field - option).abs()], dim=-1)
-    joint = joint + head.residual_scorer(pair).squeeze(-1)
-    question_global = (question + last)[owner_index]
-    prior = capped_scale(head.prior_logit_scale) * F.cosine_similarity(lexical, question_global, dim=-1)
-    return prior + torch.sigmoid(head.residual_gate) * joint
+    return option_logits(head, fields_, options, lexical, question + last, owner_index)
+
+
+@dataclass(frozen=True)
+class _OneRecord:
+    """The graphed forward's layout: one record, already padded to its bucket, as a batch of one."""
+
+    memory_mask: Tensor
+
+    def pad_options(self, flat: Tensor) -> Tensor:
+        return flat[None]
+
+    def pad_tokens(self, flat: Tensor) -> Tensor:
+        return flat[None]
+
+    def unpad_options(self, padded: Tensor) -> Tensor:
+        return padded[0]
 
 
 def _check_record(head: JointSchemaHead, hidden: Tensor, input_ids: Tensor, schema: RecordSchema) -> None:

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+if TYPE_CHECKING:  # head.py imports this module
+    from clef_vllm.head import JointSchemaHead
 
 MAX_LOGIT_SCALE = math.log(100.0)  # the release caps both learned temperatures at 100
 
@@ -62,3 +67,64 @@ def decoder_layer(
     memory_kv = pad_tokens(project_kv(layer.multihead_attn, memory))
     x = x + attend(layer.multihead_attn, layer.norm2(x), memory_kv, memory_mask)
     return x + layer.linear2(layer.activation(layer.linear1(layer.norm3(x))))
+
+
+class OptionLayout(Protocol):
+    """How a caller lays out options and memory tokens for attention, and which memory keys are real."""
+
+    memory_mask: Tensor | None
+
+    def pad_options(self, flat: Tensor) -> Tensor: ...
+
+    def pad_tokens(self, flat: Tensor) -> Tensor: ...
+
+    def unpad_options(self, padded: Tensor) -> Tensor: ...
+
+
+def routed_options(
+    head: JointSchemaHead,
+    context: Tensor,
+    lexical: Tensor,
+    question: Tensor,
+    owner: Tensor,
+    memory: Tensor,
+    layout: OptionLayout,
+) -> Tensor:
+    """Each option's state ([options, w]) after the evidence layers read the memory.
+
+    `owner` is each option's question row; `layout` batches options and memory as the caller lays them out.
+    """
+    options = (
+        head.option_context_projection(context)
+        + head.option_lexical_projection(lexical)
+        + head.option_question_projection(question)[owner]
+    )
+    for layer in head.evidence_layers:
+        keys_values = project_kv(layer.attention, layer.memory_norm(memory))
+        query = layout.pad_options(layer.query_norm(options))
+        attended = attend(layer.attention, query, layout.pad_tokens(keys_values), layout.memory_mask)
+        options = options + layout.unpad_options(attended)
+        options = options + layer.feedforward(layer.feedforward_norm(options))
+    return options
+
+
+def option_logits(
+    head: JointSchemaHead,
+    fields: Tensor,
+    options: Tensor,
+    lexical: Tensor,
+    question_global: Tensor,
+    owner: Tensor,
+) -> Tensor:
+    """The final logit of every option: the prior from its tokens plus the gated joint score with its field.
+
+    `fields` are the decoded question fields, `question_global` each question's mean plus its record's last
+    state, both per question; `owner` maps options to questions.
+    """
+    field = fields[owner]
+    option = head.option_norm(options)
+    joint = capped_scale(head.joint_logit_scale) * F.cosine_similarity(field, option, dim=-1)
+    pair = torch.cat([field, option, field * option, (field - option).abs()], dim=-1)
+    joint = joint + head.residual_scorer(pair).squeeze(-1)
+    prior = capped_scale(head.prior_logit_scale) * F.cosine_similarity(lexical, question_global[owner], dim=-1)
+    return prior + torch.sigmoid(head.residual_gate) * joint

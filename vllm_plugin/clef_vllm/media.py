@@ -28,10 +28,6 @@ import numpy as np
 from clef_vllm.errors import RequestError
 
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
-DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096  # the processor's own ceiling for one image (longest_edge 16,777,216)
-DEFAULT_MAX_VIDEO_FRAMES = 768  # the Qwen3-VL video processor never samples more
-DEFAULT_MAX_VIDEO_PIXELS = 1 << 26  # sampled frames x height x width per video (192 MiB of RGB)
-DEFAULT_MAX_VIDEO_SOURCE_FRAMES = 36_000  # frames decoded from one file (20 minutes at 30 fps)
 SAMPLED_FRAME_RATE = 2.0
 MIN_VIDEO_FRAMES = 2  # one temporal patch of the vision tower
 VIDEO_CONTAINERS = ("mov", "mp4", "webm", "matroska")  # FFmpeg demuxer names (MOV/MP4 share one)
@@ -41,10 +37,10 @@ VIDEO_CONTAINERS = ("mov", "mp4", "webm", "matroska")  # FFmpeg demuxer names (M
 class MediaLimits:
     """Limits on one item, all checked before the item is decoded in full."""
 
-    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
-    max_video_frames: int = DEFAULT_MAX_VIDEO_FRAMES
-    max_video_pixels: int = DEFAULT_MAX_VIDEO_PIXELS
-    max_video_source_frames: int = DEFAULT_MAX_VIDEO_SOURCE_FRAMES
+    max_image_pixels: int = 4096 * 4096  # the processor's own ceiling for one image (longest_edge 16,777,216)
+    max_video_frames: int = 768  # the Qwen3-VL video processor never samples more
+    max_video_pixels: int = 1 << 26  # sampled frames x height x width per video (192 MiB of RGB)
+    max_video_source_frames: int = 36_000  # frames decoded from one file (20 minutes at 30 fps)
 
 
 DEFAULT_MEDIA_LIMITS = MediaLimits()

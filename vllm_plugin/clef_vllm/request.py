@@ -16,14 +16,6 @@ from clef_vllm.errors import RequestError
 from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MediaData, MediaLimits
 from clef_vllm.schema import QuestionType, QuestionTypeName
 
-MAX_QUESTIONS = 64
-MAX_CHOICE_OPTIONS = 256
-MAX_SCORE_LEVELS = 256
-MIN_OPTIONS = 1  # the release and the SystemOne schema accept a one-option choice and a one-level score
-MAX_ID_LENGTH = 100
-MAX_IMAGES = 8
-MAX_VIDEOS = 2
-
 NOUL_DEFAULTS = {
     "true": "The proposition is true or the answer is yes.",
     "false": "The proposition is false or the answer is no.",
@@ -34,13 +26,13 @@ NOUL_DEFAULTS = {
 class Limits:
     """Server-side limits; defaults follow the documented limits of the fastest public Clef server."""
 
-    max_questions: int = MAX_QUESTIONS
-    max_choice_options: int = MAX_CHOICE_OPTIONS
-    max_score_levels: int = MAX_SCORE_LEVELS
-    min_options: int = MIN_OPTIONS
-    max_id_length: int = MAX_ID_LENGTH
-    max_images: int = MAX_IMAGES  # per request, `images` and `assets` together; 0 switches images off
-    max_videos: int = MAX_VIDEOS  # per request; 0 switches videos off
+    max_questions: int = 64
+    max_choice_options: int = 256
+    max_score_levels: int = 256
+    min_options: int = 1  # the release and the SystemOne schema accept a one-option choice and a one-level score
+    max_id_length: int = 100
+    max_images: int = 8  # per request, `images` and `assets` together; 0 switches images off
+    max_videos: int = 2  # per request; 0 switches videos off
     media: MediaLimits = field(default_factory=lambda: DEFAULT_MEDIA_LIMITS)
 
     @property
@@ -76,9 +68,6 @@ class MediaObject(BaseModel):
     media_type: StrictStr | None = None
     content_type: StrictStr | None = None
     format: StrictStr | None = Field(default=None, description="e.g. png, jpeg, mp4 (informative)")
-
-
-MediaValue = StrictStr | MediaObject
 
 
 class SystemOneRequestBody(BaseModel):

@@ -28,11 +28,11 @@ from vllm.entrypoints.generate.structured_decisions.strategies import (
 from vllm.inputs import tokens_input
 
 from clef_vllm.answers import split_logits
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request, render
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, prepare_request, render
 from clef_vllm.engine import engine_prompt, load_processor
 from clef_vllm.errors import RequestError
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
-from clef_vllm.request import DEFAULT_LIMITS, MAX_QUESTIONS, ClefRequest, Limits, parse_request
+from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits
 
 
 def _systemone_body(
@@ -83,7 +83,7 @@ class ClefFlashStrategy(ReadStrategy):
         self.processor = load_processor(model_config.model, self.request_limits)
 
     def limits(self) -> DecisionLimits:
-        return DecisionLimits(max_questions=MAX_QUESTIONS, max_options=256)
+        return DecisionLimits(max_questions=DEFAULT_LIMITS.max_questions, max_options=256)
 
     def render_state(self, state: Any) -> str:
         return render(state)
@@ -108,13 +108,9 @@ class ClefFlashStrategy(ReadStrategy):
         if instructions:
             raise StructuredDecisionError("Clef reads a fixed prompt, so it takes no top-level instructions")
         try:
-            request = parse_request(_systemone_body(questions, state, media), self.request_limits)
-            encoding = encode_request(
-                request,
-                self.tokenizer,
-                processor=self.processor,
-                max_length=self.max_length,
-                media_limits=self.request_limits.media,
+            body = _systemone_body(questions, state, media)
+            request, encoding = prepare_request(
+                body, self.request_limits, self.tokenizer, self.processor, self.max_length
             )
         except RequestError as exc:
             raise StructuredDecisionError(exc.message) from None

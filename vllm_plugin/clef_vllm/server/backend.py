@@ -9,7 +9,6 @@ engine (`finally`), so no work is left running for nobody.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import threading
 from collections.abc import Mapping
@@ -19,10 +18,10 @@ from typing import Any
 import torch
 
 from clef_vllm.answers import response_from_logits
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, prepare_request
 from clef_vllm.engine import apply_cpu_defaults, engine_args, engine_prompt, load_processor, schedule_args
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
-from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
+from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits
 from clef_vllm.vllm_logs import show_vllm_warnings_once
 
 
@@ -50,26 +49,26 @@ class ServeConfig:
     def model_name(self) -> str:
         return self.served_model_name or self.model
 
+    def _schedule(self) -> dict[str, Any]:
+        return {
+            "max_model_len": self.max_model_len,
+            "batch_invariant": self.batch_invariant,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+        }
+
     def check(self) -> None:
         """Raise `SettingsError` for contradicting settings, before anything is loaded."""
-        schedule_args(
-            max_model_len=self.max_model_len,
-            batch_invariant=self.batch_invariant,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-        )
+        schedule_args(**self._schedule())
 
     def engine_kwargs(self) -> dict[str, Any]:
-        optional = {"max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens}
         return engine_args(
             self.model,
-            max_model_len=self.max_model_len,
-            batch_invariant=self.batch_invariant,
             limits=self.limits,
             tensor_parallel_size=self.tensor_parallel_size,
             data_parallel_size=self.data_parallel_size,
             served_model_name=self.served_model_name,
-            **{k: v for k, v in optional.items() if v is not None},
+            **self._schedule(),
             **self.extra_engine_args,
         )
 
@@ -145,16 +144,8 @@ class EngineBackend:
 
     def prepare(self, body: Any, parts: Mapping[str, bytes] | None = None) -> tuple[ClefRequest, Encoding]:
         """`parts`: the file parts of a multipart request, which media objects name as `{"part": name}`."""
-        request = parse_request(body, self.config.limits, parts)
-        with self._processor_lock if request.has_media else contextlib.nullcontext():
-            encoding = encode_request(
-                request,
-                self.tokenizer,
-                processor=self.processor,
-                max_length=self.config.max_model_len,
-                media_limits=self.config.limits.media,
-            )
-        return request, encoding
+        limits, max_length = self.config.limits, self.config.max_model_len
+        return prepare_request(body, limits, self.tokenizer, self.processor, max_length, parts, self._processor_lock)
 
     async def score(self, body: Any, parts: Mapping[str, bytes] | None = None) -> Scored:
         request, encoding = await asyncio.to_thread(self.prepare, body, parts)

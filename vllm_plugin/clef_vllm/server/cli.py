@@ -15,8 +15,7 @@ from typing import NoReturn
 
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH
 from clef_vllm.errors import USAGE_EXIT, ClefError, SettingsError, usage_error_line
-from clef_vllm.media import DEFAULT_MAX_IMAGE_PIXELS, DEFAULT_MAX_VIDEO_FRAMES
-from clef_vllm.request import DEFAULT_LIMITS, MAX_IMAGES, MAX_VIDEOS, Limits
+from clef_vllm.request import DEFAULT_LIMITS, Limits
 from clef_vllm.server.connections import ConnectionLimits
 
 API_KEY_ENV = "CLEF_SYSTEMONE_API_KEY"
@@ -109,17 +108,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--enforce-eager", action="store_true", help="skip graph capture and compilation")
     media = parser.add_argument_group("images and videos")
     media.add_argument(
-        "--limit-images", type=int, default=MAX_IMAGES, help="images per request, assets included; 0 refuses images"
+        "--limit-images",
+        type=int,
+        default=DEFAULT_LIMITS.max_images,
+        help="images per request, assets included; 0 refuses images",
     )
-    media.add_argument("--limit-videos", type=int, default=MAX_VIDEOS, help="videos per request; 0 refuses videos")
+    media.add_argument(
+        "--limit-videos", type=int, default=DEFAULT_LIMITS.max_videos, help="videos per request; 0 refuses videos"
+    )
     media.add_argument(
         "--max-image-pixels",
         type=int,
-        default=DEFAULT_MAX_IMAGE_PIXELS,
+        default=DEFAULT_LIMITS.media.max_image_pixels,
         help="pixels per image or video frame, checked before decoding",
     )
     media.add_argument(
-        "--max-video-frames", type=int, default=DEFAULT_MAX_VIDEO_FRAMES, help="frames per video after sampling"
+        "--max-video-frames",
+        type=int,
+        default=DEFAULT_LIMITS.media.max_video_frames,
+        help="frames per video after sampling",
     )
     media.add_argument(
         "--language-model-only",

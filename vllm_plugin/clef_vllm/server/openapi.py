@@ -40,6 +40,17 @@ def request_body() -> dict[str, Any]:
     }
 
 
+def _question(
+    type_id: str, instructions: dict[str, Any], criteria: dict[str, Any], *, criteria_required: bool = True
+) -> dict[str, Any]:
+    """One question type's schema: its `type` constant, the shared `instructions` and its own `criteria`."""
+    return {
+        "type": "object",
+        "required": ["type", "criteria"] if criteria_required else ["type"],
+        "properties": {"type": {"const": type_id}, "instructions": instructions, "criteria": criteria},
+    }
+
+
 def request_schemas(limits: Limits) -> dict[str, Any]:
     any_json = {
         "description": f"Any JSON value (nesting at most {MAX_DEPTH} levels, integers at most "
@@ -54,50 +65,39 @@ def request_schemas(limits: Limits) -> dict[str, Any]:
         ]
     }
     return {
-        "NoulQuestion": {
-            "type": "object",
-            "required": ["type"],
-            "properties": {
-                "type": {"const": "noul"},
-                "instructions": instructions,
-                "criteria": {
-                    "type": ["object", "null"],
-                    "description": "Optional descriptions of `true` and `false`",
-                    "properties": {"true": any_json, "false": any_json},
-                },
+        "NoulQuestion": _question(
+            "noul",
+            instructions,
+            {
+                "type": ["object", "null"],
+                "description": "Optional descriptions of `true` and `false`",
+                "properties": {"true": any_json, "false": any_json},
             },
-        },
-        "ChoiceQuestion": {
-            "type": "object",
-            "required": ["type", "criteria"],
-            "properties": {
-                "type": {"const": "choice"},
-                "instructions": instructions,
-                "criteria": {
-                    "type": "object",
-                    "description": "Option id -> description (any JSON; null for none)",
-                    "minProperties": limits.min_options,
-                    "maxProperties": limits.max_choice_options,
-                    "propertyNames": option_id,
-                    "additionalProperties": any_json,
-                },
+            criteria_required=False,
+        ),
+        "ChoiceQuestion": _question(
+            "choice",
+            instructions,
+            {
+                "type": "object",
+                "description": "Option id -> description (any JSON; null for none)",
+                "minProperties": limits.min_options,
+                "maxProperties": limits.max_choice_options,
+                "propertyNames": option_id,
+                "additionalProperties": any_json,
             },
-        },
-        "ScoreQuestion": {
-            "type": "object",
-            "required": ["type", "criteria"],
-            "properties": {
-                "type": {"const": "score"},
-                "instructions": instructions,
-                "criteria": {
-                    "type": "array",
-                    "description": "Level descriptions, level 0 first",
-                    "minItems": limits.min_options,
-                    "maxItems": limits.max_score_levels,
-                    "items": any_json,
-                },
+        ),
+        "ScoreQuestion": _question(
+            "score",
+            instructions,
+            {
+                "type": "array",
+                "description": "Level descriptions, level 0 first",
+                "minItems": limits.min_options,
+                "maxItems": limits.max_score_levels,
+                "items": any_json,
             },
-        },
+        ),
         REQUEST_SCHEMA: {
             "type": "object",
             "description": "The SystemOne request (Jev / SystemOne)",

@@ -1,0 +1,56 @@
+"""`prepare_request`: the parse-and-encode step that the offline engine and both servers share."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+
+import pytest
+from media_files import image_b64
+
+from clef_vllm.encoding import encode_request, prepare_request
+from clef_vllm.errors import RequestError
+from clef_vllm.request import DEFAULT_LIMITS, parse_request
+
+TEXT_BODY = {"state": "a ticket", "questions": {"q": {"type": "noul"}, "r": {"type": "score", "criteria": ["a", "b"]}}}
+
+
+class CountingLock(contextlib.AbstractContextManager):
+    def __init__(self) -> None:
+        self.entered = 0
+
+    def __enter__(self):
+        self.entered += 1
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        return None
+
+
+def test_a_body_is_parsed_and_encoded_as_encode_request_does(tokenizer) -> None:
+    request, encoding = prepare_request(TEXT_BODY, DEFAULT_LIMITS, tokenizer, None, 512)
+    assert request == parse_request(TEXT_BODY)
+    assert encoding == encode_request(parse_request(TEXT_BODY), tokenizer, max_length=512)
+
+
+def test_a_parsed_request_is_taken_as_it_is(tokenizer) -> None:
+    parsed = parse_request(TEXT_BODY)
+    request, encoding = prepare_request(parsed, DEFAULT_LIMITS, tokenizer, None, 512)
+    assert request is parsed
+    assert encoding.num_tokens > 0
+
+
+def test_the_given_limits_apply(tokenizer) -> None:
+    with pytest.raises(RequestError, match="questions"):
+        prepare_request(TEXT_BODY, replace(DEFAULT_LIMITS, max_questions=1), tokenizer, None, 512)
+
+
+def test_the_processor_lock_is_held_only_for_media(tokenizer, processor) -> None:
+    lock = CountingLock()
+    _, text_only = prepare_request(TEXT_BODY, DEFAULT_LIMITS, tokenizer, processor, 4096, processor_lock=lock)
+    assert lock.entered == 0
+    with_image = {**TEXT_BODY, "images": [image_b64()]}
+    request, encoding = prepare_request(with_image, DEFAULT_LIMITS, tokenizer, processor, 4096, processor_lock=lock)
+    assert lock.entered == 1
+    assert request.has_media
+    assert encoding.num_tokens > text_only.num_tokens  # the image's placeholder tokens
