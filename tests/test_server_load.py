@@ -205,10 +205,15 @@ def engine_core(server: Server) -> psutil.Process:
 def test_engine_death_answers_503_then_the_server_exits_non_zero(server: Server, sequential: Any) -> None:
     bodies, _ = sequential
     in_flight: list[httpx.Response] = []
-    threads = [threading.Thread(target=lambda b=b: in_flight.append(post(server.url, b))) for b in bodies[20:24]]
+    # Many more requests than finish in a moment (one prompt per engine step), and the kill as soon as the first
+    # answer is back: the rest are then surely queued or running, however fast this machine is today.
+    waiting = bodies * 2
+    threads = [threading.Thread(target=lambda b=b: in_flight.append(post(server.url, b))) for b in waiting]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 60
+    while not in_flight and time.monotonic() < deadline:
+        time.sleep(0.005)
     engine_core(server).kill()
     for thread in threads:
         thread.join()
