@@ -21,6 +21,23 @@ if TYPE_CHECKING:
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 CSV_COLUMNS = ("side", "role", "folder", "task", "records", "questions")
+# results.md's sections: a title, what its tables show, and one table per metric.
+METRIC_GROUPS = (
+    (
+        "Quality",
+        "One table per metric: a row per task and for All over every question, a column per side. Metrics that "
+        "compare with the bf16 reference leave the reference out (it would be compared with itself). The noise "
+        "floor is the bf16 folder itself through the plugin, so a candidate's distance from the reference is "
+        "quantization damage only where it exceeds the noise floor's.",
+        QUALITY_METRICS,
+    ),
+    (
+        "Speed",
+        "Model time while scoring, encoding excluded. Reused records keep the time measured when they were "
+        "scored. Noul questions count as two options.",
+        SPEED_METRICS,
+    ),
+)
 
 
 def write_results(results: dict[str, Any], out: Path) -> list[Path]:
@@ -74,25 +91,11 @@ def render_markdown(results: Results, frame: pd.DataFrame) -> str:
         "",
         tasks_table(results),
         "",
-        "## Quality",
-        "",
-        "One table per metric: a row per task and for All over every question, a column per side. Metrics that "
-        "compare with the bf16 reference leave the reference out (it would be compared with itself). The noise "
-        "floor is the bf16 folder itself through the plugin, so a candidate's distance from the reference is "
-        "quantization damage only where it exceeds the noise floor's.",
-        "",
     ]
-    for metric in QUALITY_METRICS:
-        lines += _metric_section(results, frame, metric)
-    lines += [
-        "## Speed",
-        "",
-        "Model time while scoring, encoding excluded. Reused records keep the time measured when they were "
-        "scored. Noul questions count as two options.",
-        "",
-    ]
-    for metric in SPEED_METRICS:
-        lines += _metric_section(results, frame, metric)
+    for title, intro, metrics in METRIC_GROUPS:
+        lines += [f"## {title}", "", intro, ""]
+        for metric in metrics:
+            lines += _metric_section(results, frame, metric)
     lines += [
         f"What these numbers do not show: with {smallest} records in the smallest task, one record moves that "
         f"task's accuracy by {100 / max(smallest, 1):.1f} points; agreement and KL say how close a candidate stays "

@@ -7,7 +7,6 @@ string changes whenever a reader of an older file would misread it.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from clef_quant.documents import read_document
 from clef_quant.evaluation.config import EvalConfig
 from clef_quant.evaluation.data import EvalData, records_by_task
 from clef_quant.evaluation.errors import DataError
@@ -215,10 +215,7 @@ def read_results(path: Path) -> Results:
     file = results_json_path(path)
     if not file.is_file():
         raise DataError(f"{file} is missing: give the RESULTS folder of clef-quant eval or its results.json")
-    try:
-        raw = json.loads(file.read_bytes())
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{file} is not valid JSON: {exc.msg}") from None
+    raw, _ = read_document(file, what="results file", error=DataError)
     if not isinstance(raw, dict) or raw.get("format") != RESULTS_FORMAT:
         found = raw.get("format") if isinstance(raw, dict) else None
         raise DataError(f"{file} has format {found!r}; clef-quant reads {RESULTS_FORMAT}")

@@ -30,7 +30,7 @@ from clef_quant.evaluation.results import PROBS_DIR, results_dict
 from clef_quant.evaluation.scoring import score_plugin, score_reference
 from clef_quant.evaluation.sides import Side, encode_all, plan_sides
 from clef_quant.evaluation.store import ProbabilityStore, StoredRecord
-from clef_quant.quantize.progress import NoProgress, Progress
+from clef_quant.progress import NoProgress, Progress
 from clef_vllm.encoding import Encoding, encode_request
 from clef_vllm.errors import CheckpointError
 

@@ -16,7 +16,7 @@ from clef_quant.evaluation.data import EvalRecord
 from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.store import Rejected, record_key, side_key
 from clef_quant.formatting import first_few
-from clef_quant.quantize.progress import NoProgress, Progress
+from clef_quant.progress import NoProgress, Progress
 from clef_quant.release import resolve_release
 from clef_quant.release_folder.fingerprints import FolderFingerprint, folder_fingerprint
 from clef_vllm.encoding import Encoding

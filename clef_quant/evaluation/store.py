@@ -27,7 +27,6 @@ from clef_quant.formatting import first_few
 from clef_quant.release_folder import versions as release_versions
 from clef_quant.release_folder.atomic import write_text_atomic
 from clef_quant.release_folder.fingerprints import FolderFingerprint, json_digest
-from clef_quant.release_folder.fingerprints import manifest_fingerprint as manifest_fingerprint  # publish reads it here
 from clef_quant.release_folder.versions import SCORING_TOOLS
 from clef_vllm.encoding import Encoding
 

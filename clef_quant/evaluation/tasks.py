@@ -26,10 +26,10 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from clef_quant import shipped
+from clef_quant.documents import read_document, validated
 from clef_quant.evaluation.errors import RowError, TaskFileError
 from clef_vllm.errors import RequestError
 from clef_vllm.request import ClefRequest, parse_request
@@ -256,19 +256,8 @@ _OPERATORS: dict[str, Callable[[dict[str, Any], Row, LabelNames], Any]] = {
 
 
 def load_task(path: Path | Traversable) -> Task:
-    try:
-        raw = path.read_bytes()
-        data = yaml.safe_load(raw)
-    except OSError as exc:
-        raise TaskFileError(f"cannot read task file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise TaskFileError(f"{path} is not valid YAML: {exc}") from None
-    try:
-        body = TaskBody.model_validate(data)
-    except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in error["loc"]) or "file"
-        raise TaskFileError(f"{path}: {where}: {error['msg']}") from None
+    data, raw = read_document(path, what="task file", error=TaskFileError, syntax="YAML")
+    body = validated(TaskBody, data, error=TaskFileError, prefix=str(path), top="file")
     stem = path.name.removesuffix(TASK_SUFFIX)
     if body.name != stem:
         raise TaskFileError(f"{path}: name {body.name!r} must equal the file name {stem!r}")

@@ -13,7 +13,6 @@ it still matches after `card` has added its own files to the manifest.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -23,10 +22,11 @@ from clef_quant.bench.throughput_report import ThroughputResult, json_path, read
 from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.frames import probabilities_frame, values_frame
 from clef_quant.evaluation.metrics import METRIC_BY_NAME, QUALITY_METRICS, SPEED_METRICS, format_value
-from clef_quant.evaluation.results import ALL, RESULTS_FORMAT, RESULTS_JSON, Results, ResultSide, ResultTask
-from clef_quant.evaluation.store import manifest_fingerprint
+from clef_quant.evaluation.results import ALL, RESULTS_JSON, Results, ResultSide, ResultTask
+from clef_quant.evaluation.results import read_results as read_eval_results
 from clef_quant.evaluation.tables import side_groups_table, sides_table
 from clef_quant.publish.errors import PublishError
+from clef_quant.release_folder.fingerprints import manifest_fingerprint
 from clef_vllm.errors import ClefError
 
 if TYPE_CHECKING:
@@ -136,18 +136,11 @@ def read_results(results_dir: Path, folder: Path, manifest: dict[str, Any]) -> E
     results_json = results_dir / RESULTS_JSON
     if not results_json.is_file():
         raise PublishError(f"{results_json} is missing: --results takes the RESULTS folder of clef-quant eval")
-    raw_bytes = results_json.read_bytes()
     try:
-        raw = json.loads(raw_bytes)
-    except json.JSONDecodeError as exc:
-        raise PublishError(f"{results_json} is not valid JSON: {exc.msg}") from None
-    if not isinstance(raw, dict) or raw.get("format") != RESULTS_FORMAT:
-        found = raw.get("format") if isinstance(raw, dict) else None
-        raise PublishError(f"{results_json} has format {found!r}; this card reads {RESULTS_FORMAT}")
-    try:
-        results = Results.from_dict(raw)
+        results = read_eval_results(results_json)
     except DataError as exc:
-        raise PublishError(f"{results_json}: {exc}") from None
+        raise PublishError(str(exc)) from None
+    raw_bytes = results_json.read_bytes()
 
     fingerprint = manifest_fingerprint(manifest)
     this = next((s for s in results.candidates if s.sha256 == fingerprint), None)

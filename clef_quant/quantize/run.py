@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clef_quant.progress import NoProgress, Progress
 from clef_quant.quantize import progress as tasks
 from clef_quant.quantize.auto import AUTO_SCHEME
 from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN, CalibrationSummary, as_dataloader, build_calibration
@@ -33,7 +34,6 @@ from clef_quant.quantize.contents import ReleaseContents, plan_contents
 from clef_quant.quantize.inputs import check_device, check_inputs
 from clef_quant.quantize.measure import peak_gpu_bytes, peak_host_bytes, timed
 from clef_quant.quantize.plan import QuantPlan, parse_recipe, plan_quantization, recipe_needs_calibration
-from clef_quant.quantize.progress import NoProgress, Progress
 from clef_quant.quantize.recipes import Recipe
 from clef_quant.quantize.release_files import backbone_bytes, copy_release_files
 from clef_quant.release_folder.manifest import build_manifest, folder_files, write_manifest

@@ -6,11 +6,11 @@ file; `config_sha256` ties the file to one checkpoint shape.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from clef_quant.documents import read_document, validated
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_quant.release_folder.manifest import sha256_file
@@ -81,20 +81,8 @@ class ScanFile(BaseModel):
 
 def read_scan(path: Path) -> ScanFile:
     """A scan.json, validated; a broken or foreign file is a one-line error."""
-    from pydantic import ValidationError
-
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise QuantizeError(f"cannot read scan file {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise QuantizeError(f"{path} is not valid JSON: {exc.msg}") from None
-    try:
-        scan = ScanFile.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise QuantizeError(f"{path} is not a clef-quant scan: {where}: {first['msg']}") from None
+    data, _ = read_document(Path(path), what="scan file", error=QuantizeError)
+    scan = validated(ScanFile, data, error=QuantizeError, prefix=f"{path} is not a clef-quant scan")
     if scan.format != SCAN_FORMAT:
         raise QuantizeError(f"{path} has format {scan.format!r}; this clef-quant reads {SCAN_FORMAT}")
     return scan

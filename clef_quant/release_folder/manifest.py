@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from clef_quant import shipped
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_quant.release_folder.versions import tool_versions
-from clef_vllm.errors import CheckpointError
+from clef_vllm.errors import CheckpointError, first_validation_error
 
 MANIFEST_FILE = "clef_quant.json"
 MANIFEST_FORMAT = "clef-quant-manifest/1"
@@ -115,7 +115,7 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
     try:
         Manifest.model_validate(manifest)
     except ValidationError as exc:
-        raise ManifestError(f"refusing to write an invalid {MANIFEST_FILE}: {_first_error(exc)}") from None
+        raise ManifestError(f"refusing to write an invalid {MANIFEST_FILE}: {first_validation_error(exc)}") from None
     path = Path(folder) / MANIFEST_FILE
     write_json_atomic(path, manifest)
     return path
@@ -180,13 +180,6 @@ class Manifest(BaseModel):
         return files
 
 
-def _first_error(exc: ValidationError) -> str:
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error["loc"]) or "top level"
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"{where}: {error['msg']}{more}"
-
-
 def parse_manifest(text: str, where: str = MANIFEST_FILE) -> dict[str, Any]:
     """Validate a manifest's text; returns it as a dict, or raises ManifestError in one line."""
     try:
@@ -198,7 +191,7 @@ def parse_manifest(text: str, where: str = MANIFEST_FILE) -> dict[str, Any]:
     try:
         Manifest.model_validate(data)
     except ValidationError as exc:
-        raise ManifestError(f"{where} is not a valid manifest: {_first_error(exc)}") from None
+        raise ManifestError(f"{where} is not a valid manifest: {first_validation_error(exc)}") from None
     return data
 
 

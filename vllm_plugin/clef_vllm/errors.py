@@ -14,6 +14,15 @@ def usage_error_line(message: str) -> str:
     return f"error: {message}"
 
 
+def first_validation_error(exc: Exception, top: str = "top level") -> str:
+    """A pydantic ValidationError as one line: where the first problem is, what it is, and how many more."""
+    errors = exc.errors(include_url=False)  # type: ignore[attr-defined]
+    error = errors[0]
+    where = ".".join(str(part) for part in error["loc"]) or top
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {error['msg']}{more}"
+
+
 class ClefError(Exception):
     """Base class: a problem with user input, never a bug in our code."""
 
