@@ -56,6 +56,7 @@ def _report_name(device: str) -> str:
 @app.command("head")
 @user_errors
 def head(
+    ctx: typer.Context,
     device: Annotated[str, device_option("Where to run the head: cpu, cuda or cuda:N.")] = "cpu",
     dtype: Annotated[str, dtype_option("Head and input dtype (releases run bfloat16).")] = "float32",
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per shape; the median is reported.")] = 5,
@@ -72,6 +73,8 @@ def head(
     The loop form takes minutes on a CPU.
 
     Example: clef-quant bench head --device cpu --repeats 3
+
+    Also `python -m clef_quant.bench.head` with the same options, for machines without the clef-quant script.
     """
     from clef_quant.bench.head import run_head_bench
     from clef_quant.bench.head_report import bench_command, render_markdown
@@ -79,7 +82,7 @@ def head(
     out = out or Path(f"bench/results/head-{_report_name(device)}.md")
     with stages("benchmarking the head") as show:
         result = run_head_bench(device=device, dtype=dtype, repeats=repeats, warmup=warmup, on_step=show)
-    _write_report(out, render_markdown(result, bench_command(device, dtype, repeats, warmup, out)))
+    _write_report(out, render_markdown(result, bench_command(device, dtype, repeats, warmup, out, ctx.command_path)))
 
     table = Table(title=f"joint schema head, {result.machine}, {result.dtype}")
     table.add_column("shape")

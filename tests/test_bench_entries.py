@@ -1,9 +1,12 @@
-"""`clef-quant bench quantize --against-plain`: clef-quant against plain llm-compressor, each side in its own
-process, on the tiny release."""
+"""The benchmarks' entries beside the Typer commands: `clef-quant bench quantize --against-plain` (clef-quant against
+plain llm-compressor, each side in its own process) and `python -m clef_quant.bench.head`."""
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,3 +68,31 @@ def test_against_plain_measures_both_sides_in_their_own_processes(tiny_dir: Path
     )
     assert "| fp8-dynamic | plain |" in out.with_suffix(".md").read_text()
     assert not any((tmp_path / "work").iterdir())  # each side's output is removed once measured
+
+
+def test_the_head_module_is_the_bench_head_command() -> None:
+    """`python -m clef_quant.bench.head` (bare GPU machines) takes the options of `clef-quant bench head`."""
+    module = subprocess.run(
+        [sys.executable, "-m", "clef_quant.bench.head", "--help"], capture_output=True, text=True, check=False
+    )
+    assert module.returncode == 0, module.stderr
+    assert "Usage: python -m clef_quant.bench.head [OPTIONS]" in module.stdout
+    command = CliRunner().invoke(app, ["bench", "head", "--help"]).stdout
+    assert (
+        option_names(module.stdout)
+        == option_names(command)
+        == ["--device", "--dtype", "--repeats", "--warmup", "--out", "--help"]
+    )
+
+    refused = subprocess.run(
+        [sys.executable, "-m", "clef_quant.bench.head", "--device", "cuda:x"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == ["error: --device must be cpu or cuda[:N], not 'cuda:x'"]
+
+
+def option_names(help_text: str) -> list[str]:
+    return re.findall(r"│ (--[a-z-]+)", help_text)
