@@ -33,9 +33,11 @@ def invoke(*args: object):
             "error: --scan, --max-model-len cannot be used with --against-plain",
         ),
         (["--device", "cpu"], "error: --device cannot be used without --against-plain"),
+        (["--against-plain", "--device", "cuda:x"], "error: --device must be cpu or cuda[:N], not 'cuda:x'"),
+        (["--against-plain", "--scheme", "auto"], "error: auto is not compared against plain llm-compressor"),
     ],
 )
-def test_options_of_the_other_mode_are_refused_in_one_line(tmp_path: Path, extra: list[str], line: str) -> None:
+def test_bad_or_mixed_options_are_refused_in_one_line(tmp_path: Path, extra: list[str], line: str) -> None:
     result = invoke("--model", tmp_path, "--work", tmp_path / "work", *extra)
     assert result.exit_code == 2, (result.output, result.exception)
     assert result.stderr.splitlines() == [line]

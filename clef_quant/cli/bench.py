@@ -297,6 +297,8 @@ def quantize(
     ]
     if mixed:
         raise fail(f"{', '.join(mixed)} cannot be used {'with' if against_plain else 'without'} --against-plain")
+    if against_plain and AUTO_SCHEME in (scheme or []):
+        raise fail("auto is not compared against plain llm-compressor")  # plain has no scan to plan from
     _require_release(model, hint=f"clef-quant make-tiny {model}")
     if against_plain:
         _against_plain(model, work, scheme, calibration_records, max_seq_len, device or "cpu", out)
@@ -357,8 +359,6 @@ def _against_plain(
 
     from clef_quant.bench.quantize_bench import DEFAULT_SCHEMES, SideFailed, compare, render_markdown
 
-    if schemes is not None and AUTO_SCHEME in schemes:
-        raise fail("auto is not compared against plain llm-compressor (plain has no scan to plan from)")
     out = out or Path(f"bench/results/quantize-{_report_name(device)}.json")
     with stages("benchmarking") as show:
         try:
