@@ -8,7 +8,7 @@ a pooler step is mimicked: 8 records, one head call each, one synchronization at
 
 `run_head_bench` returns the numbers and `head_report.render_markdown` the report; `clef-quant bench head` writes both.
 `python -m clef_quant.bench.head ARGS` runs that same command without the `clef-quant` script (for bare GPU machines
-that carry our packages on PYTHONPATH): it needs torch, safetensors, pydantic, pyyaml, regex and typer, none of
+that carry our packages on PYTHONPATH): it needs torch, safetensors, pydantic, pyyaml, regex, typer and rich, not
 transformers, vLLM or llm-compressor.
 """
 
