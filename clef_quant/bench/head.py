@@ -7,22 +7,22 @@ the profiler also counts the device time of the fast path's kernels, the floor i
 a pooler step is mimicked: 8 records, one head call each, one synchronization at the end.
 
 `run_head_bench` returns the numbers and `head_report.render_markdown` the report; `clef-quant bench head` writes both.
-`python -m clef_quant.bench.head` does the same with only torch, safetensors and pydantic installed (for bare GPU
-machines).
+`python -m clef_quant.bench.head ARGS` runs that same command without the `clef-quant` script (for bare GPU machines
+that carry our packages on PYTHONPATH): it needs torch, safetensors, pydantic, pyyaml, regex, typer and rich, not
+transformers, vLLM or llm-compressor.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
+import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import torch
 
 from clef_quant.bench.environment import load_average, machine_name, report_date
-from clef_quant.bench.head_report import HeadBenchResult, HeadBenchRow, StepRow, bench_command, render_markdown
+from clef_quant.bench.head_report import HeadBenchResult, HeadBenchRow, StepRow
 from clef_quant.bench.head_workload import (
     DTYPES,
     FLASH_HEAD,
@@ -39,6 +39,8 @@ from clef_vllm.head import JointSchemaHead
 from clef_vllm.head_files import HeadConfig
 from clef_vllm.head_graphs import GraphedHead
 from clef_vllm.schema import RecordSchema
+
+PROGRAM = "python -m clef_quant.bench.head"
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -161,24 +163,15 @@ def run_head_bench(
     )
 
 
-def _main() -> None:
-    """Plain entry for machines that have torch but not the CLI's packages."""
-    parser = argparse.ArgumentParser(prog="python -m clef_quant.bench.head", description=__doc__)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    out = args.out or Path(f"bench/results/head-{args.device}.md")
-    result = run_head_bench(
-        device=args.device, dtype=args.dtype, repeats=args.repeats, warmup=args.warmup, on_step=print
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    command = bench_command(args.device, args.dtype, args.repeats, args.warmup, out, parser.prog)
-    out.write_text(render_markdown(result, command), encoding="utf-8")
-    print(out.read_text(encoding="utf-8"))
+def main(argv: Sequence[str] | None = None) -> None:
+    """`clef-quant bench head` under this module's name: one definition of the command and its options."""
+    import typer
+
+    from clef_quant.cli.bench import app
+
+    command = typer.main.get_command(app).commands["head"]  # type: ignore[attr-defined]
+    command.main(args=list(sys.argv[1:] if argv is None else argv), prog_name=PROGRAM)
 
 
 if __name__ == "__main__":
-    _main()
+    main()

@@ -5,17 +5,18 @@ user of llm-compressor writes: load the model from disk, `oneshot` with the same
 family, the same calibration token ids), `save_pretrained(save_compressed=True)`. "clef" is `clef-quant
 quantize` end to end (load, plan, calibrate, save, copy head and tokenizer, hash, manifest, rename).
 
-    python -m clef_quant.bench.quantize_bench /scratch/flash --work /scratch/bench --device cuda \\
-        --scheme fp8-dynamic --scheme nvfp4 --records 512 --max-seq-len 2048 \\
-        --results bench/results/quantize-h200.json
+    clef-quant bench quantize --against-plain --model /scratch/flash --work /scratch/bench --device cuda \\
+        --scheme fp8-dynamic --scheme nvfp4 --calibration-records 512 --max-seq-len 2048 \\
+        --out bench/results/quantize-h200.json
 
-The JSON results hold every stage's seconds, the peaks, the ratios clef/plain and the issue's goals (clef within
-1.3x of plain per scheme; FP8_DYNAMIC end to end under 120 s; peak host memory under 1.3x the bf16 size).
+The JSON results hold every stage's seconds, the peaks, the ratios clef/plain and the goals (clef within 1.3x
+of plain per scheme; FP8_DYNAMIC end to end under 120 s; peak host memory under 1.3x the bf16 size);
+`render_markdown` summarizes them. Each side's process is this module run with one `--child` argument, a JSON
+`SideJob`: an internal entry, not a command.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import resource
@@ -23,10 +24,13 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clef_quant.devices import is_cuda
+from clef_quant.formatting import binary_size, decimal_size
 
 if TYPE_CHECKING:
     from clef_quant.quantize.run import QuantizeResult
@@ -34,6 +38,8 @@ if TYPE_CHECKING:
 GOAL_RATIO = 1.3
 GOAL_FP8_SECONDS = 120.0
 GOAL_HOST_RATIO = 1.3
+DEFAULT_SCHEMES = ("fp8-dynamic", "nvfp4")
+SIDES = ("plain", "clef")  # measured in this order
 
 
 def _peaks(device: str) -> dict[str, int | None]:
@@ -115,17 +121,32 @@ def run_clef(source: Path, out: Path, scheme: str, records: int, max_seq_len: in
     return {"seconds": seconds, **_peaks(device), "calibration": result.calibration.to_dict()}
 
 
-def _child(kind: str, args: argparse.Namespace, scheme: str) -> dict[str, Any]:
-    out = Path(args.work) / f"{kind}-{scheme}"
+@dataclass(frozen=True)
+class SideJob:
+    """One side of one scheme, as its own process receives it."""
+
+    side: str  # one of SIDES
+    source: str
+    out: str
+    scheme: str
+    records: int
+    max_seq_len: int
+    device: str
+
+
+class SideFailed(RuntimeError):
+    """A side's process ended with an error; the message ends with the last lines it wrote to stderr."""
+
+
+def _run_side(job: SideJob) -> dict[str, Any]:
+    out = Path(job.out)
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "-m", "clef_quant.bench.quantize_bench", "--child", kind, str(args.source)]
-    command += ["--work", str(args.work), "--scheme", scheme, "--records", str(args.records)]
-    command += ["--max-seq-len", str(args.max_seq_len), "--device", args.device]
+    command = [sys.executable, "-m", __name__, "--child", json.dumps(asdict(job))]
     started = time.perf_counter()
     completed = subprocess.run(command, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
     if completed.returncode != 0:
-        raise SystemExit(f"{kind} {scheme} failed:\n{completed.stderr[-4000:]}")
+        raise SideFailed(f"{job.side} {job.scheme} failed (exit {completed.returncode}):\n{completed.stderr[-4000:]}")
     measured = json.loads(completed.stdout.strip().splitlines()[-1])
     measured["process_wall_seconds"] = wall
     measured["out_bytes"] = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
@@ -133,21 +154,35 @@ def _child(kind: str, args: argparse.Namespace, scheme: str) -> dict[str, Any]:
     return measured
 
 
-def compare(args: argparse.Namespace) -> dict[str, Any]:
-    source = Path(args.source)
+def compare(
+    source: Path,
+    schemes: Sequence[str],
+    *,
+    work: Path,
+    records: int,
+    max_seq_len: int,
+    device: str,
+    on_stage: Callable[[str], None] = lambda _message: None,
+) -> dict[str, Any]:
+    """Both sides of every scheme, each in its own process (outputs under `work`, removed after measuring)."""
+    work.mkdir(parents=True, exist_ok=True)
     bf16_bytes = sum(p.stat().st_size for p in source.glob("model*.safetensors"))
     results: dict[str, Any] = {
         "source": str(source),
         "bf16_backbone_bytes": bf16_bytes,
-        "device": args.device,
-        "records": args.records,
-        "max_seq_len": args.max_seq_len,
+        "device": device,
+        "records": records,
+        "max_seq_len": max_seq_len,
         "host": platform.node(),
         "schemes": {},
     }
-    for scheme in args.scheme:
-        plain = _child("plain", args, scheme)
-        clef = _child("clef", args, scheme)
+    for scheme in schemes:
+        measured = {}
+        for side in SIDES:
+            on_stage(f"{scheme}: {'plain llm-compressor' if side == 'plain' else 'clef-quant quantize'}")
+            job = SideJob(side, str(source), str(work / f"{side}-{scheme}"), scheme, records, max_seq_len, device)
+            measured[side] = _run_side(job)
+        plain, clef = measured["plain"], measured["clef"]
         ratio = clef["process_wall_seconds"] / plain["process_wall_seconds"]
         goals = {
             f"clef within {GOAL_RATIO}x of plain": ratio <= GOAL_RATIO,
@@ -159,32 +194,42 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("source", type=Path)
-    parser.add_argument("--work", type=Path, required=True, help="scratch folder for the outputs (removed after)")
-    parser.add_argument("--scheme", action="append", default=None)
-    parser.add_argument("--records", type=int, default=512)
-    parser.add_argument("--max-seq-len", type=int, default=2048)
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--results", type=Path, default=None, help="write the JSON results here")
-    parser.add_argument("--child", choices=("plain", "clef"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    args.scheme = args.scheme or ["fp8-dynamic", "nvfp4"]
-    if args.child:
-        run = run_plain if args.child == "plain" else run_clef
-        out = Path(args.work) / f"{args.child}-{args.scheme[0]}"
-        measured = run(args.source, out, args.scheme[0], args.records, args.max_seq_len, args.device)
-        print(json.dumps(measured))
-        return
-    Path(args.work).mkdir(parents=True, exist_ok=True)
-    results = compare(args)
-    text = json.dumps(results, indent=2)
-    if args.results is not None:
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(text + "\n")
-    print(text)
+def render_markdown(results: dict[str, Any], command: str) -> str:
+    """A short report of `compare`'s results: one row per side of each scheme, then the goals."""
+    lines = [
+        f"# `clef-quant quantize` against plain llm-compressor on `{Path(results['source']).name}`",
+        "",
+        f"- host: {results['host']}, device {results['device']}",
+        f"- command: `{command}`",
+        f"- calibration: {results['records']} records of at most {results['max_seq_len']} tokens (schemes that "
+        f"calibrate); bf16 backbone {decimal_size(results['bf16_backbone_bytes'])}",
+        "",
+        "| scheme | side | total s | process wall s | peak host | peak GPU | output |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for scheme, both in results["schemes"].items():
+        for side in SIDES:
+            run = both[side]
+            lines.append(
+                f"| {scheme} | {side} | {run['seconds']['total']:.1f} | {run['process_wall_seconds']:.1f} | "
+                f"{binary_size(run['peak_host_bytes'])} | {binary_size(run['peak_gpu_bytes']) or '—'} | "
+                f"{decimal_size(run['out_bytes'])} |"
+            )
+    lines += ["", "Process wall: the side's process from start to exit; the ratio clef/plain uses it.", ""]
+    for scheme, both in results["schemes"].items():
+        met = ", ".join(f"{goal}: {'yes' if ok else 'no'}" for goal, ok in both["goals"].items())
+        lines.append(f"- {scheme}: clef/plain {both['wall_ratio']:.2f}x; {met}")
+    return "\n".join(lines) + "\n"
+
+
+def _child_main(argv: list[str]) -> None:
+    """Measure one `SideJob` in this process and print its numbers as the last line of stdout."""
+    if len(argv) != 2 or argv[0] != "--child":
+        raise SystemExit("internal entry of `clef-quant bench quantize --against-plain`; run that command instead")
+    job = SideJob(**json.loads(argv[1]))
+    run = run_plain if job.side == "plain" else run_clef
+    print(json.dumps(run(Path(job.source), Path(job.out), job.scheme, job.records, job.max_seq_len, job.device)))
 
 
 if __name__ == "__main__":
-    main()
+    _child_main(sys.argv[1:])

@@ -59,8 +59,8 @@ def parse_device(value: str) -> str:
     return value
 
 
-def device_option(help_text: str) -> Any:
-    return typer.Option("--device", parser=parse_device, metavar="DEVICE", help=help_text)
+def device_option(help_text: str, **kwargs: Any) -> Any:
+    return typer.Option("--device", parser=parse_device, metavar="DEVICE", help=help_text, **kwargs)
 
 
 def parse_repo_id(value: str) -> str:

@@ -14,6 +14,7 @@ from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import QUANTIZE_SCHEMES, choice_option, device_option, dtype_option
 from clef_quant.cli._output import results_console
 from clef_quant.cli._progress import LLM_COMPRESSOR_QUIET, VLLM_QUIET, quiet_tools, stages
+from clef_quant.formatting import binary_size
 from clef_quant.quantize.recipes import AUTO_SCHEME, SCHEMES
 
 app = typer.Typer(
@@ -55,6 +56,7 @@ def _report_name(device: str) -> str:
 @app.command("head")
 @user_errors
 def head(
+    ctx: typer.Context,
     device: Annotated[str, device_option("Where to run the head: cpu, cuda or cuda:N.")] = "cpu",
     dtype: Annotated[str, dtype_option("Head and input dtype (releases run bfloat16).")] = "float32",
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs per shape; the median is reported.")] = 5,
@@ -71,6 +73,8 @@ def head(
     The loop form takes minutes on a CPU.
 
     Example: clef-quant bench head --device cpu --repeats 3
+
+    Also `python -m clef_quant.bench.head` with the same options, for machines without the clef-quant script.
     """
     from clef_quant.bench.head import run_head_bench
     from clef_quant.bench.head_report import bench_command, render_markdown
@@ -78,7 +82,7 @@ def head(
     out = out or Path(f"bench/results/head-{_report_name(device)}.md")
     with stages("benchmarking the head") as show:
         result = run_head_bench(device=device, dtype=dtype, repeats=repeats, warmup=warmup, on_step=show)
-    _write_report(out, render_markdown(result, bench_command(device, dtype, repeats, warmup, out)))
+    _write_report(out, render_markdown(result, bench_command(device, dtype, repeats, warmup, out, ctx.command_path)))
 
     table = Table(title=f"joint schema head, {result.machine}, {result.dtype}")
     table.add_column("shape")
@@ -227,15 +231,30 @@ def throughput(
 @user_errors
 def quantize(
     model: Annotated[Path, typer.Option(help="The bf16 release folder (e.g. `clef-quant make-tiny DIR`).")],
-    work: Annotated[Path, typer.Option(help="Scratch folder for the quantized folders (kept for inspection).")],
+    work: Annotated[
+        Path,
+        typer.Option(
+            help="Scratch folder for the quantized folders (kept for inspection; with --against-plain removed "
+            "after measuring)."
+        ),
+    ],
     scheme: Annotated[
         list[str] | None,
         choice_option(
             QUANTIZE_SCHEMES,
             "scheme",
-            "Scheme to run, repeatable; default every scheme in recipes/ (and auto with --scan).",
+            "Scheme to run, repeatable; default every scheme in recipes/ (and auto with --scan), with --against-plain "
+            "fp8-dynamic and nvfp4.",
         ),
     ] = None,
+    against_plain: Annotated[
+        bool,
+        typer.Option(
+            "--against-plain",
+            help="Compare with plain llm-compressor instead: wall time and peak host and GPU memory per scheme, "
+            "each side in its own process.",
+        ),
+    ] = False,
     data: Annotated[
         Path | None, typer.Option(help="A DATA folder (build-data): adds KL, agreement and max |dp| via eval.")
     ] = None,
@@ -244,18 +263,46 @@ def quantize(
     ] = None,
     calibration_records: Annotated[int, typer.Option(min=1, help="Calibration records for every scheme.")] = 16,
     max_seq_len: Annotated[int, typer.Option(min=16, help="Calibration length in tokens.")] = 2048,
-    max_model_len: Annotated[int, typer.Option(min=256, help="Prompt length limit for evaluation.")] = 4096,
-    out: Annotated[Path, typer.Option(help="Report path.")] = Path("bench/results/quality-cpu.md"),
+    max_model_len: Annotated[
+        int | None, typer.Option(min=256, help="Prompt length limit for evaluation.", show_default="4096")
+    ] = None,
+    device: Annotated[
+        str | None,
+        device_option("With --against-plain: where both sides quantize, cpu, cuda or cuda:N.", show_default="cpu"),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Report path (markdown); its JSON goes beside it, same stem. With --against-plain the JSON path; "
+            "its markdown goes beside it.",
+            show_default="bench/results/quality-cpu.md; with --against-plain bench/results/quantize-<device>.json",
+        ),
+    ] = None,
 ) -> None:
     """Quantize one model with every scheme in one run: time, calibration cost, size and, with --data, the head's
     KL, top-1 agreement and max |dp| against bf16 through the plugin.
 
-    clef-quant against plain llm-compressor (time and peak memory, each side in its own process) is
-    `python -m clef_quant.bench.quantize_bench`.
+    With --against-plain: `clef-quant quantize` against plain llm-compressor (same recipe, same calibration ids).
+    Wall time and peak host and GPU memory per scheme, each side in its own process.
 
     Example: clef-quant bench quantize --model artifacts/tiny --work artifacts/bench-q --data artifacts/data \\
         --scan artifacts/scan/scan.json
+
+    Example: clef-quant bench quantize --against-plain --model artifacts/tiny --work artifacts/bench-q \\
+        --scheme fp8-dynamic
     """
+    quality_only = {"--data": data, "--scan": scan, "--max-model-len": max_model_len}
+    mixed = [
+        name for name, value in (quality_only if against_plain else {"--device": device}).items() if value is not None
+    ]
+    if mixed:
+        raise fail(f"{', '.join(mixed)} cannot be used {'with' if against_plain else 'without'} --against-plain")
+    if against_plain and AUTO_SCHEME in (scheme or []):
+        raise fail("auto is not compared against plain llm-compressor")  # plain has no scan to plan from
+    _require_release(model, hint=f"clef-quant make-tiny {model}")
+    if against_plain:
+        _against_plain(model, work, scheme, calibration_records, max_seq_len, device or "cpu", out)
+        return
     import json
     from dataclasses import asdict
 
@@ -264,7 +311,7 @@ def quantize(
     schemes = list(scheme or [*SCHEMES, *([AUTO_SCHEME] if scan is not None else [])])
     if AUTO_SCHEME in schemes and scan is None:
         raise fail("auto needs --scan", hint=f"clef-quant scan {model} --out SCAN_DIR")
-    _require_release(model, hint=f"clef-quant make-tiny {model}")
+    out = out or Path("bench/results/quality-cpu.md")
     quiet_tools(False, LLM_COMPRESSOR_QUIET, VLLM_QUIET)
     with stages("benchmarking") as show:
         result = run_quality_bench(
@@ -275,7 +322,7 @@ def quantize(
             scan=scan,
             calibration_records=calibration_records,
             max_seq_len=max_seq_len,
-            max_model_len=max_model_len,
+            max_model_len=max_model_len or 4096,
             on_stage=show,
         )
     _write_report(
@@ -297,3 +344,44 @@ def quantize(
         )
     results_console().print(table)
     typer.echo(f"wrote {out}")
+
+
+def _against_plain(
+    model: Path,
+    work: Path,
+    schemes: list[str] | None,
+    records: int,
+    max_seq_len: int,
+    device: str,
+    out: Path | None,
+) -> None:
+    import json
+
+    from clef_quant.bench.quantize_bench import DEFAULT_SCHEMES, SideFailed, compare, render_markdown
+
+    out = out or Path(f"bench/results/quantize-{_report_name(device)}.json")
+    with stages("benchmarking") as show:
+        try:
+            results = compare(
+                model,
+                schemes or DEFAULT_SCHEMES,
+                work=work,
+                records=records,
+                max_seq_len=max_seq_len,
+                device=device,
+                on_stage=show,
+            )
+        except SideFailed as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(1) from None
+    markdown, json_path = out.with_suffix(".md"), out.with_suffix(".json")
+    _write_report(markdown, render_markdown(results, _command_line()), json.dumps(results, indent=2) + "\n")
+
+    for name, both in results["schemes"].items():
+        clef, plain = both["clef"], both["plain"]
+        typer.echo(
+            f"{name}: clef {clef['process_wall_seconds']:.1f} s, plain {plain['process_wall_seconds']:.1f} s "
+            f"({both['wall_ratio']:.2f}x); peak host clef {binary_size(clef['peak_host_bytes'])}, "
+            f"plain {binary_size(plain['peak_host_bytes'])}"
+        )
+    typer.echo(f"wrote {json_path} and {markdown}")

@@ -3,5 +3,6 @@
 Modules: `recipes` (recipe YAML and its placeholders), `plan` (what a recipe does to a model, refused early when
 wrong), `fused_scales` (one global scale per qkv/z pair), `calibration` (SystemOne requests, encoded as serving
 encodes them), `manifest` (`clef_quant.json`), `schemes` (scheme names, fused groups); the comparison with plain
-llm-compressor is `clef_quant.bench.quantize_bench`. Nothing heavy is imported here, so the CLI starts fast.
+llm-compressor is `clef-quant bench quantize --against-plain` (`clef_quant.bench.quantize_bench`). Nothing heavy
+is imported here, so the CLI starts fast.
 """

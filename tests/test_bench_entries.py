@@ -1,0 +1,100 @@
+"""The benchmarks' entries beside the Typer commands: `clef-quant bench quantize --against-plain` (clef-quant against
+plain llm-compressor, each side in its own process) and `python -m clef_quant.bench.head`."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from clef_quant.cli import app
+
+
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CLEF_QUANT_DEBUG", raising=False)
+
+
+def invoke(*args: object):
+    return CliRunner().invoke(app, ["bench", "quantize", *map(str, args)])
+
+
+@pytest.mark.parametrize(
+    ("extra", "line"),
+    [
+        (["--against-plain", "--data", "DATA"], "error: --data cannot be used with --against-plain"),
+        (
+            ["--against-plain", "--scan", "scan.json", "--max-model-len", "512"],
+            "error: --scan, --max-model-len cannot be used with --against-plain",
+        ),
+        (["--device", "cpu"], "error: --device cannot be used without --against-plain"),
+        (["--against-plain", "--device", "cuda:x"], "error: --device must be cpu or cuda[:N], not 'cuda:x'"),
+        (["--against-plain", "--scheme", "auto"], "error: auto is not compared against plain llm-compressor"),
+    ],
+)
+def test_bad_or_mixed_options_are_refused_in_one_line(tmp_path: Path, extra: list[str], line: str) -> None:
+    result = invoke("--model", tmp_path, "--work", tmp_path / "work", *extra)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stderr.splitlines() == [line]
+    assert result.stdout == ""
+    assert not (tmp_path / "work").exists()
+
+
+def test_against_plain_measures_both_sides_in_their_own_processes(tiny_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "results" / "quantize-cpu.json"
+    result = invoke(
+        "--model", tiny_dir, "--work", tmp_path / "work", "--against-plain", "--scheme", "fp8-dynamic",
+        "--device", "cpu", "--out", out,
+    )  # fmt: skip
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert f"wrote {out} and {out.with_suffix('.md')}" in result.stdout
+
+    results = json.loads(out.read_text())
+    assert results["device"] == "cpu" and results["source"] == str(tiny_dir)
+    assert list(results["schemes"]) == ["fp8-dynamic"]
+    sides = results["schemes"]["fp8-dynamic"]
+    for side in ("plain", "clef"):
+        run = sides[side]
+        assert 0 < run["seconds"]["total"] <= run["process_wall_seconds"]
+        assert run["peak_host_bytes"] > 0 and run["peak_gpu_bytes"] is None  # no GPU peak on a CPU
+        assert run["out_bytes"] > 0
+    assert {"load", "oneshot", "save"} <= set(sides["plain"]["seconds"])
+    assert sides["clef"]["calibration"]["records"] == 0  # FP8_DYNAMIC needs no calibration
+    assert sides["wall_ratio"] == pytest.approx(
+        sides["clef"]["process_wall_seconds"] / sides["plain"]["process_wall_seconds"]
+    )
+    assert "| fp8-dynamic | plain |" in out.with_suffix(".md").read_text()
+    assert not any((tmp_path / "work").iterdir())  # each side's output is removed once measured
+
+
+def test_the_head_module_is_the_bench_head_command() -> None:
+    """`python -m clef_quant.bench.head` (bare GPU machines) takes the options of `clef-quant bench head`."""
+    module = subprocess.run(
+        [sys.executable, "-m", "clef_quant.bench.head", "--help"], capture_output=True, text=True, check=False
+    )
+    assert module.returncode == 0, module.stderr
+    assert "Usage: python -m clef_quant.bench.head [OPTIONS]" in module.stdout
+    command = CliRunner().invoke(app, ["bench", "head", "--help"]).stdout
+    assert (
+        option_names(module.stdout)
+        == option_names(command)
+        == ["--device", "--dtype", "--repeats", "--warmup", "--out", "--help"]
+    )
+
+    refused = subprocess.run(
+        [sys.executable, "-m", "clef_quant.bench.head", "--device", "cuda:x"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == ["error: --device must be cpu or cuda[:N], not 'cuda:x'"]
+
+
+def option_names(help_text: str) -> list[str]:
+    return re.findall(r"│ (--[a-z-]+)", help_text)
