@@ -353,6 +353,9 @@ BAD_LINES = [
      "missing gold"),
     ('{"id": "x", "task": "boolq", "request": {"model": "m", "state": "s", "questions": {"a": {"type": "noul"}}}, '
      '"gold": {"a": "maybe"}}', "gold 'maybe' of question a is not one of its options"),
+    ('{"id": 7, "task": "boolq", "request": {"model": "m", "state": "s", "questions": {"a": {"type": "noul"}}}, '
+     '"gold": {"a": "yes"}}', "id: Input should be a valid string"),
+    ("[1, 2]", "a line must be a JSON object"),
 ]  # fmt: skip
 
 

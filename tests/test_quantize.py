@@ -381,6 +381,9 @@ def test_hybrid_placeholders_split_the_layers_in_half() -> None:
     assert r"layers\.(?:0|1|2|3|4|5|6|7|8|9|10|11|12|13|14|15)\." in recipe.text
     with pytest.raises(QuantizeError, match=r"placeholder.*layer_count unknown"):
         fill("x: {{ layer_count }}", variables)
+    with pytest.raises(QuantizeError, match=r"^recipe template error on line 2: "):
+        fill("x: 1\ny: {{ num_layers\n", variables)
+    assert fill("n: {{ num_layers }}\n", variables) == "n: 32\n"  # the final newline is the file's, kept
 
 
 def test_hybrid_targets_match_transformers_and_vllm_names() -> None:

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+
 from clef_quant.evaluation.errors import DataError, TaskFileError
 from clef_quant.evaluation.tasks import check_gold, gold_index
 from clef_quant.formatting import first_few
-from clef_vllm.errors import RequestError
+from clef_vllm.errors import RequestError, first_validation_error
 from clef_vllm.request import ClefRequest, parse_request
 
 DATA_FORMAT = "clef-quant-eval-data/1"
@@ -53,19 +55,28 @@ class EvalData:
         return list(dict.fromkeys(r.task for r in self.records))
 
 
+class DataLine(BaseModel):
+    """One line of `eval/<task>.jsonl` as written by build-data, before its request is parsed."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: StrictStr = Field(min_length=1)
+    task: StrictStr = Field(min_length=1)
+    request: Any  # parse_request checks it, with the server's own messages
+    gold: dict[StrictStr, StrictStr]  # question id -> option id
+
+
 def _check_line(value: Any) -> tuple[str, str, dict[str, Any], ClefRequest, dict[str, str]]:
     if not isinstance(value, dict):
         raise DataError("a line must be a JSON object")
-    missing = [key for key in ("id", "task", "request", "gold") if key not in value]
-    if missing:
-        raise DataError(f"missing {', '.join(missing)}")
-    record_id, task, body, gold = value["id"], value["task"], value["request"], value["gold"]
-    if not isinstance(record_id, str) or not record_id:
-        raise DataError("id must be a non-empty string")
-    if not isinstance(task, str) or not task:
-        raise DataError("task must be a non-empty string")
-    if not isinstance(gold, dict) or not all(isinstance(v, str) for v in gold.values()):
-        raise DataError("gold must be an object of question id -> option id (strings)")
+    try:
+        line = DataLine.model_validate(value)
+    except ValidationError as exc:
+        missing = [str(error["loc"][0]) for error in exc.errors() if error["type"] == "missing"]
+        if missing:
+            raise DataError(f"missing {', '.join(missing)}") from None
+        raise DataError(first_validation_error(exc)) from None
+    record_id, task, body, gold = line.id, line.task, line.request, line.gold
     try:
         request = parse_request(body)
     except RequestError as exc:

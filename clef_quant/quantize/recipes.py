@@ -1,9 +1,9 @@
 """Recipes are data: llm-compressor recipe YAML files in `recipes/` (shipped with clef-quant), one per scheme, plus
 any user file.
 
-A recipe may hold `{{ name }}` placeholders for facts that differ per checkpoint (the hybrid recipe splits the
-decoder layers in two halves). They are filled from the checkpoint's `config.json` before llm-compressor reads
-the text; the filled text is what runs and what the manifest records. Anything else is passed through as is.
+A recipe is a Jinja2 template: `{{ name }}` placeholders hold facts that differ per checkpoint (the hybrid recipe
+splits the decoder layers in two halves). They are filled from the checkpoint's `config.json` before
+llm-compressor reads the text; the filled text is what runs and what the manifest records.
 """
 
 from __future__ import annotations
@@ -43,8 +43,6 @@ KEEP_BF16: tuple[str, ...] = (
     r"re:model\.visual\..*",  # the whole vision tower
     r"re:.*linear_attn\.in_proj_[ab]$",  # DeltaNet gate projections (32 outputs each in clef-flash)
 )
-
-_PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
 @dataclass(frozen=True)
@@ -93,13 +91,23 @@ def layer_variables(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def fill(template: str, variables: dict[str, Any]) -> str:
-    """Replace every `{{ name }}`; an unknown name is an error naming it and the names there are."""
-    unknown = sorted({m.group(1) for m in _PLACEHOLDER.finditer(template)} - variables.keys())
+    """The recipe as Jinja2 renders it with `variables`; an unknown name is an error naming it and the names there
+    are (checked before rendering, so no placeholder is ever silently left empty)."""
+    import jinja2
+    from jinja2 import meta
+
+    # The YAML is the template's text: kept byte for byte, final newline included, nothing HTML-escaped.
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    try:
+        parsed = environment.parse(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise QuantizeError(f"recipe template error on line {exc.lineno}: {exc.message}") from None
+    unknown = sorted(meta.find_undeclared_variables(parsed) - variables.keys())
     if unknown:
         raise QuantizeError(
             f"recipe placeholder(s) {', '.join(unknown)} unknown; available: {', '.join(sorted(variables))}"
         )
-    return _PLACEHOLDER.sub(lambda m: str(variables[m.group(1)]), template)
+    return environment.from_string(template).render(variables)
 
 
 def scheme_recipe_path(scheme: str) -> Traversable:
