@@ -7,6 +7,7 @@ report what a build wrote use decimal units (`19.0 GB`), as file managers and th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 _BINARY_UNITS = ("KiB", "MiB", "GiB")
 _DECIMAL_UNITS = (("GB", 10**9), ("MB", 10**6), ("kB", 10**3))
@@ -48,13 +49,18 @@ def count(n: int) -> str:
     return str(n)
 
 
-def seconds(value: float) -> str:
-    """A duration as the summaries show it: `12.3 s`."""
-    return f"{value:.1f} s"
-
-
 def first_few(items: Sequence[object], limit: int, separator: str = "; ") -> str:
     """The first `limit` items joined, and how many more there are: `a; b; c (and 4 more)`."""
     shown = separator.join(str(item) for item in items[:limit])
     hidden = len(items) - limit
     return f"{shown} (and {hidden} more)" if hidden > 0 else shown
+
+
+def utc_minute() -> str:
+    """Now, as reports and results state when they were made: `2026-12-03 05:40 UTC`."""
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def utc_timestamp() -> str:
+    """Now, as manifests record it: `2026-12-03T05:40:12Z`."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-from datetime import UTC, datetime
 
 import torch
 
@@ -27,11 +26,6 @@ def load_average() -> str:
     except OSError:
         return "unknown"
     return f"{one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores, at the start"
-
-
-def report_date() -> str:
-    """Now, as every benchmark report states its date."""
-    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def facts_table(title: str, facts: dict[str, str]) -> list[str]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from clef_quant.bench.environment import load_average, machine_name, report_date
+from clef_quant.bench.environment import load_average, machine_name
 from clef_quant.bench.head_report import HeadBenchResult, HeadBenchRow, StepRow
 from clef_quant.bench.head_workload import (
     DTYPES,
@@ -34,6 +34,7 @@ from clef_quant.bench.head_workload import (
     bench_record,
 )
 from clef_quant.bench.timing import kernel_ms, timed_ms
+from clef_quant.formatting import utc_minute
 from clef_quant.head_loop import loop_logits
 from clef_vllm.head import JointSchemaHead
 from clef_vllm.head_files import HeadConfig
@@ -150,7 +151,7 @@ def run_head_bench(
         dtype=dtype,
         machine=machine_name(target),
         torch_version=torch.__version__,
-        date=report_date(),
+        date=utc_minute(),
         tokens=tokens,
         vocab_rows=vocab,
         config=config,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.bench.quantize_bench import quantize_into
+from clef_quant.formatting import utc_minute
 from clef_quant.quantize.recipes import AUTO_SCHEME
 
 HYBRID = "nvfp4-hybrid"
@@ -117,7 +118,7 @@ def run_quality_bench(
         questions=questions,
         calibration_records=calibration_records,
         machine=machine_name(torch.device("cpu")),
-        created=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        created=utc_minute(),
         versions=tool_versions() | {"vllm": _vllm_version(), "platform": platform.platform()},
         notes=notes,
     )

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -29,8 +28,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clef_quant.devices import is_cuda
 from clef_quant.formatting import binary_size, decimal_size
+from clef_quant.quantize.measure import peak_gpu_bytes, peak_host_bytes
+from clef_quant.quantize.release_files import backbone_bytes
 
 if TYPE_CHECKING:
     from clef_quant.quantize.run import QuantizeResult
@@ -43,12 +43,7 @@ SIDES = ("plain", "clef")  # measured in this order
 
 
 def _peaks(device: str) -> dict[str, int | None]:
-    gpu = None
-    if is_cuda(device):
-        import torch
-
-        gpu = int(torch.cuda.max_memory_allocated())
-    return {"peak_host_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak_gpu_bytes": gpu}
+    return {"peak_host_bytes": peak_host_bytes(), "peak_gpu_bytes": peak_gpu_bytes(device)}
 
 
 def run_plain(source: Path, out: Path, scheme: str, records: int, max_seq_len: int, device: str) -> dict[str, Any]:
@@ -166,7 +161,7 @@ def compare(
 ) -> dict[str, Any]:
     """Both sides of every scheme, each in its own process (outputs under `work`, removed after measuring)."""
     work.mkdir(parents=True, exist_ok=True)
-    bf16_bytes = sum(p.stat().st_size for p in source.glob("model*.safetensors"))
+    bf16_bytes = backbone_bytes(source)
     results: dict[str, Any] = {
         "source": str(source),
         "bf16_backbone_bytes": bf16_bytes,

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clef_quant.bench.environment import facts_table, report_date
+from clef_quant.bench.environment import facts_table
 from clef_quant.bench.processes import free_port, running, systemone_command
 from clef_quant.bench.workload import varied_requests
+from clef_quant.formatting import utc_minute
 from clef_vllm.engine import apply_cpu_defaults
 
 
@@ -199,7 +200,7 @@ def render_markdown(result: ServeBenchResult, command: str, machine: str) -> str
 
     facts = {
         "machine": machine,
-        "date": report_date(),
+        "date": utc_minute(),
         "versions": f"vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}",
         "command": f"`{command}`",
         "model": f"`{result.model}`",

@@ -21,11 +21,12 @@ from typing import Any
 
 import torch
 
-from clef_quant.bench.environment import load_average, machine_name, report_date
+from clef_quant.bench.environment import load_average, machine_name
 from clef_quant.bench.throughput_report import ThroughputResult, ThroughputRow
 from clef_quant.evaluation.engines import FreshEngines
 from clef_quant.evaluation.scoring import score_plugin, score_reference
 from clef_quant.evaluation.store import tool_versions
+from clef_quant.formatting import utc_minute
 from clef_vllm.encoding import Encoding, encode_request
 from clef_vllm.errors import ClefError
 from clef_vllm.request import ClefRequest, parse_request
@@ -127,7 +128,7 @@ def run_throughput(
 
     return ThroughputResult(
         machine=machine_name(torch.device(device)),
-        date=report_date(),
+        date=utc_minute(),
         load=load,
         versions=tool_versions(),
         source=source,

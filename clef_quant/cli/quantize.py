@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -82,16 +81,10 @@ def quantize(
     _check_auto_options(scheme, scan_file, max_kl, max_size_gb)
     from clef_quant.quantize.run import QuantizeConfig
     from clef_quant.quantize.run import quantize as run_quantize
-    from clef_quant.release_folder.errors import Interrupted
 
     config = config_from(QuantizeConfig, locals(), include=tuple(include or ()))
-    try:
-        with quantization_bars(verbose) as progress:
-            result = run_quantize(config, progress)
-    except Interrupted as exc:
-        name = signal.Signals(exc.signum).name
-        typer.echo(f"interrupted by {name}; nothing was left behind in {out.parent}", err=True)
-        raise typer.Exit(128 + exc.signum) from None
+    with quantization_bars(verbose) as progress:
+        result = run_quantize(config, progress)
     for warning in result.warnings:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     _print_summary(results_console(), result)

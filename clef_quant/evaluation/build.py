@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.sampling import Record, calibration_quotas, sample_task
 from clef_quant.evaluation.sources import FIXTURES, HUB, check_local_source
 from clef_quant.evaluation.tasks import Task
+from clef_quant.formatting import utc_minute
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_quant.release_folder.staged import staged_folder
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Tokenizer, encode_request, render
@@ -165,7 +165,7 @@ def build_data(
     calibration = [r.request for sample in samples for r in sample.calibration_records]
     summary = {
         "format": DATA_FORMAT,
-        "created": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "created": utc_minute(),
         "source": config.source if config.source == HUB else shipped.display(Path(config.source)),
         "seed": config.seed,
         "per_task": config.per_task,

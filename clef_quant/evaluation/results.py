@@ -7,10 +7,10 @@ string changes whenever a reader of an older file would misread it.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,13 @@ from clef_quant.evaluation.data import EvalData, records_by_task
 from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.metrics import METRICS
 from clef_quant.evaluation.sides import Side
-from clef_quant.evaluation.store import tool_versions
+from clef_quant.evaluation.store import SHOWN_IDS, tool_versions
+from clef_quant.formatting import utc_minute
 
 RESULTS_FORMAT = "clef-quant-eval-results/1"
 RESULTS_JSON = "results.json"
 PROBS_DIR = "probs"
 ALL = "All"  # the row over every question of every task (so it weighs questions, not tasks)
-SHOWN_REJECTED = 5  # ids of stored records that did not verify, named in results.json and on the terminal
 
 
 def results_dict(
@@ -50,7 +50,7 @@ def results_dict(
         )
     return {
         "format": RESULTS_FORMAT,
-        "created": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "created": utc_minute(),
         "tools": tool_versions(),
         "config": {
             "reference": str(config.reference),
@@ -90,7 +90,7 @@ def results_dict(
                 "records_scored": side.scored,
                 "records_reused": side.reused,
                 "records_rejected": len(side.rejected),
-                "rejected": [str(r) for r in side.rejected[:SHOWN_REJECTED]],
+                "rejected": [str(r) for r in side.rejected[:SHOWN_IDS]],
                 "seconds_scored": round(side.seconds_scored, 3),
                 "probabilities": f"{PROBS_DIR}/{side.key}.jsonl",
             }
@@ -150,6 +150,7 @@ class Results:
     tasks: tuple[ResultTask, ...]
     metrics: tuple[dict[str, Any], ...]  # name, title, description, direction, level, aggregation, ...
     values: dict[str, dict[str, dict[str, float | None]]]
+    file_sha256: str | None = None  # of the bytes parsed, when read from a file (the card cites it)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Results:
@@ -215,11 +216,12 @@ def read_results(path: Path) -> Results:
     file = results_json_path(path)
     if not file.is_file():
         raise DataError(f"{file} is missing: give the RESULTS folder of clef-quant eval or its results.json")
-    raw, _ = read_document(file, what="results file", error=DataError)
+    raw, data = read_document(file, what="results file", error=DataError)
     if not isinstance(raw, dict) or raw.get("format") != RESULTS_FORMAT:
         found = raw.get("format") if isinstance(raw, dict) else None
         raise DataError(f"{file} has format {found!r}; clef-quant reads {RESULTS_FORMAT}")
     try:
-        return Results.from_dict(raw)
+        results = Results.from_dict(raw)
     except DataError as exc:
         raise DataError(f"{file}: {exc}") from None
+    return replace(results, file_sha256=hashlib.sha256(data).hexdigest())

@@ -78,7 +78,7 @@ class StoredRecord:
 
 # How far a stored distribution may sum from 1 (float32 softmax, rounded by JSON: ~1e-7).
 SUM_TOLERANCE = 1e-3
-SHOWN_IDS = 5
+SHOWN_IDS = 5  # ids of stored records that did not verify, named in results.json and on the terminal
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from clef_quant import shipped
 from clef_quant.bench.throughput_report import ThroughputResult, report_facts, results_table
-from clef_quant.formatting import binary_size, count, first_few
+from clef_quant.formatting import binary_size, count, first_few, utc_timestamp
 from clef_quant.publish import folder_facts
 from clef_quant.publish.errors import PublishError
 from clef_quant.publish.folder import (
@@ -31,7 +31,6 @@ from clef_quant.publish.folder import (
     quantize_problems,
     require_manifest,
     staging_dir,
-    utc_now,
 )
 from clef_quant.publish.provenance import (
     default_repo_id,
@@ -151,7 +150,7 @@ def write_card(config: CardConfig) -> CardResult:
         check_card_text(text)
         (staging / CARD_FILE).write_text(text, encoding="utf-8")
         section = {
-            "created": utc_now(),
+            "created": utc_timestamp(),
             "clef_quant": tool_versions(("clef-quant",))["clef-quant"],
             "repo_id": repo_id,
             "base_model": base_model,

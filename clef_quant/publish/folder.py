@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from importlib import resources
@@ -126,7 +125,3 @@ def staged_card_files(staging: Path) -> list[str]:
         for path in staging.rglob("*")
         if path.is_file() and is_card_owned(name := path.relative_to(staging).as_posix())
     )
-
-
-def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

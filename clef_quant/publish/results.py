@@ -12,7 +12,6 @@ it still matches after `card` has added its own files to the manifest.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -140,7 +139,6 @@ def read_results(results_dir: Path, folder: Path, manifest: dict[str, Any]) -> E
         results = read_eval_results(results_json)
     except DataError as exc:
         raise PublishError(str(exc)) from None
-    raw_bytes = results_json.read_bytes()
 
     fingerprint = manifest_fingerprint(manifest)
     this = next((s for s in results.candidates if s.sha256 == fingerprint), None)
@@ -153,7 +151,7 @@ def read_results(results_dir: Path, folder: Path, manifest: dict[str, Any]) -> E
     if results.reference is None:
         raise PublishError(f"{results_json} has no reference side")
 
-    result = EvalResults(results_dir, results, hashlib.sha256(raw_bytes).hexdigest(), this)
+    result = EvalResults(results_dir, results, results.file_sha256 or "", this)
     result.summary_rows = summary_rows(result)
     return result
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clef_quant.devices import device_problem
-from clef_quant.quantize.auto import AUTO_SCHEME, load_auto_recipe
+from clef_quant.quantize.auto import load_auto_recipe
 from clef_quant.quantize.calibration import read_request_bodies
 from clef_quant.quantize.errors import QuantizeError
-from clef_quant.quantize.recipes import Recipe, load_recipe
+from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, load_recipe
 from clef_quant.release import resolve_release
 from clef_vllm.head_files import find_head_dir
 
@@ -65,6 +65,7 @@ def check_inputs(config: QuantizeConfig) -> CheckedInputs:
         raise QuantizeError("--calibration-records must be at least 1")
     if config.max_seq_len < 1:
         raise QuantizeError("--max-seq-len must be at least 1")
+    check_device(config.device)  # imports torch only for a CUDA device
     return CheckedInputs(source_dir, source_config, recipe, head_dir)
 
 

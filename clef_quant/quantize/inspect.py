@@ -14,10 +14,10 @@ with targets, and an ignore list), cross-checked against the tensors actually st
   unless the manifest lists it as included on purpose (`included`, or the files `card` added);
 - head: `clef_head/joint_head.safetensors` and `joint_head_config.json` present.
 
-A `DIR.partial` (or any folder holding a quantize run's writer marker) is unfinished: it fails at once with one
-line, nothing else is read. A bf16 source release (no quantization_config, no manifest, head at the root) is
-inspected as a source and says so: no manifest is expected, and code files are noted, not failed (quantize
-leaves them out).
+A `DIR.partial` (or any folder holding a writer marker of quantize, make-tiny, build-data or card) is
+unfinished: it fails at once with one line, nothing else is read. A bf16 source release (no quantization_config,
+no manifest, head at the root) is inspected as a source and says so: no manifest is expected, and code files are
+noted, not failed (quantize leaves them out).
 """
 
 from __future__ import annotations

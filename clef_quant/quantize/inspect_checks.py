@@ -48,10 +48,6 @@ def unfinished_violations(folder: Path) -> list[Violation]:
     return found
 
 
-def natural_key(name: str) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in name.split(".")]
-
-
 def keep_list_violations(modules: list[LinearInfo]) -> list[Violation]:
     return [
         Violation(CHECK_KEEP, m.name, f"must stay bf16 but is {m.scheme} ({m.stored})")

@@ -26,9 +26,9 @@ def peak_host_bytes() -> int:
 
 
 def peak_gpu_bytes(device: str) -> int | None:
-    """Peak CUDA memory allocated so far; None on the CPU."""
+    """Peak CUDA memory allocated so far on `device` (cuda:N counts GPU N, not the current one); None on the CPU."""
     if not is_cuda(device):
         return None
     import torch
 
-    return int(torch.cuda.max_memory_allocated())
+    return int(torch.cuda.max_memory_allocated(torch.device(device)))

@@ -107,7 +107,7 @@ def fill(template: str, variables: dict[str, Any]) -> str:
         raise QuantizeError(
             f"recipe placeholder(s) {', '.join(unknown)} unknown; available: {', '.join(sorted(variables))}"
         )
-    return environment.from_string(template).render(variables)
+    return environment.from_string(parsed).render(variables)
 
 
 def scheme_recipe_path(scheme: str) -> Traversable:

@@ -6,7 +6,7 @@ resolve the recipe against its Linear modules and refuse a plan that touches the
 group; run llm-compressor's `oneshot` with the qkv/z pair added to its fused-scale groups; save the compressed backbone
 into `DIR.partial`; copy what the allowlist of `contents` names (head into `clef_head/`, tokenizer, processor,
 chat template, generation config, licences, the source card, `joint_schema_model.py`) and nothing else, without
-`auto_map` keys; set every file to 0644; write the manifest last; rename `DIR.partial` to `DIR`.
+`auto_map` keys; write the manifest last; then every file is set to 0644 and `DIR.partial` renamed to `DIR`.
 
 The output is written through `release_folder.staged_folder`: any failure, Ctrl-C or SIGTERM removes
 `DIR.partial`, so an interrupted run leaves neither folder, and a `.partial` another live run writes is never
@@ -25,16 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clef_quant.formatting import utc_timestamp
 from clef_quant.progress import NoProgress, Progress
 from clef_quant.quantize import progress as tasks
-from clef_quant.quantize.auto import AUTO_SCHEME
 from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN, CalibrationSummary, as_dataloader, build_calibration
 from clef_quant.quantize.compress import load_model, load_tokenizer, run_oneshot
 from clef_quant.quantize.contents import ReleaseContents, plan_contents
-from clef_quant.quantize.inputs import check_device, check_inputs
+from clef_quant.quantize.inputs import check_inputs
 from clef_quant.quantize.measure import peak_gpu_bytes, peak_host_bytes, timed
 from clef_quant.quantize.plan import QuantPlan, parse_recipe, plan_quantization, recipe_needs_calibration
-from clef_quant.quantize.recipes import Recipe
+from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe
 from clef_quant.quantize.release_files import backbone_bytes, copy_release_files
 from clef_quant.release_folder.manifest import build_manifest, folder_files, write_manifest
 from clef_quant.release_folder.staged import staged_folder
@@ -94,7 +94,6 @@ class _Job:
     source_dir: Path
     source_config: dict[str, Any]
     recipe: Recipe
-    head_dir: Path
     contents: ReleaseContents
     out: Path
     progress: Progress
@@ -106,7 +105,8 @@ class _Job:
 def quantize(
     config: QuantizeConfig, progress: Progress | None = None, on_stage: StageHook | None = None
 ) -> QuantizeResult:
-    """Run one quantization; raises QuantizeError/CheckpointError for input to fix, Interrupted on a signal."""
+    """Run one quantization; raises QuantizeError/CheckpointError for input to fix, ReleaseFolderError for an
+    output or `.partial` in the way, Interrupted on a signal."""
     started = time.perf_counter()
     inputs = check_inputs(config)
     out = Path(config.out).expanduser().absolute()
@@ -115,7 +115,6 @@ def quantize(
         source_dir=inputs.source_dir,
         source_config=inputs.source_config,
         recipe=inputs.recipe,
-        head_dir=inputs.head_dir,
         contents=plan_contents(inputs.source_dir, inputs.head_dir, config.include),
         out=out,
         progress=progress or NoProgress(),
@@ -136,7 +135,7 @@ def _run(job: _Job, partial: Path) -> QuantizeResult:
     config, progress, timings = job.config, job.progress, job.timings
     source_dir, recipe = job.source_dir, job.recipe
     with timed(timings, "setup"):  # mostly importing torch, transformers and llm-compressor
-        device = check_device(config.device)
+        device = config.device
         if device.startswith("cuda"):
             import torch
 
@@ -240,7 +239,7 @@ def _recipe_entry(recipe: Recipe) -> dict[str, Any]:
 def _run_entry(config: QuantizeConfig, device: str, timings: dict[str, float]) -> dict[str, Any]:
     return {
         "device": device,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created": utc_timestamp(),
         "seconds": {k: round(v, 3) for k, v in timings.items()},
         "peak_host_bytes": peak_host_bytes(),
         "peak_gpu_bytes": peak_gpu_bytes(device),

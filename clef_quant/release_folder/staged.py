@@ -9,6 +9,7 @@ next run, once its writer is provably gone.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,10 +26,17 @@ def staged_folder(out: Path, *, command: str, overwrite: bool = False) -> Iterat
     `OUT` must not exist unless `overwrite` (an old `OUT` is replaced only by a complete new one). `command`
     names the run in messages about a `.partial` in the way."""
     out = Path(out).expanduser().absolute()
+    old: Path | None = None
     with _claimed(partial_of(out), command=command, out=out, overwrite=overwrite) as partial:
         yield partial
         normalize_modes(partial)
-        publish(partial, out, overwrite)
+        # Both renames or neither: a signal between them would leave no OUT at all.
+        with signals_ignored():
+            old = publish(partial, out, overwrite)
+    if old is not None:
+        # OUT is complete already; the replaced release goes whole, so no half-deleted copy is left beside it.
+        with signals_ignored():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager

@@ -189,8 +189,9 @@ def remove_partial(partial: Path) -> None:
         shutil.rmtree(partial, ignore_errors=True)
 
 
-def publish(partial: Path, out: Path, overwrite: bool) -> None:
-    """Rename the finished `partial` to `out` (an old `out` moved aside first when overwriting); drop the marker."""
+def publish(partial: Path, out: Path, overwrite: bool) -> Path | None:
+    """Rename the finished `partial` to `out` (an old `out` moved aside first when overwriting); drop the marker.
+    Returns the moved-aside old folder for the caller to remove once `out` is in place."""
     old: Path | None = None
     with folder_lock(out.parent):
         if out.exists():
@@ -200,5 +201,4 @@ def publish(partial: Path, out: Path, overwrite: bool) -> None:
             out.rename(old)
         partial.rename(out)
         (out / OWNER_FILE).unlink(missing_ok=True)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    return old
