@@ -41,13 +41,23 @@ def load_model(source_dir: Path, source_config: dict[str, Any], device: str) -> 
     return model
 
 
-def _decoder_layers(model: Any) -> Any:
-    for path in ("model.language_model.layers", "model.layers"):
+DECODER_LAYER_PATHS = ("model.language_model.layers", "model.layers")  # Qwen3.5 VL, then text-only
+
+
+def decoder_layers_path(model: Any) -> str | None:
+    """Where the decoder layers sit in `model` (their ModuleList's dotted name), or None."""
+    for path in DECODER_LAYER_PATHS:
         try:
-            return model.get_submodule(path)
+            model.get_submodule(path)
+            return path
         except AttributeError:
             continue
     return None
+
+
+def _decoder_layers(model: Any) -> Any:
+    path = decoder_layers_path(model)
+    return None if path is None else model.get_submodule(path)
 
 
 def _first_linear(layer: Any) -> Any:

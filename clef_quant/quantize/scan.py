@@ -34,6 +34,7 @@ from typing import Any
 
 from clef_quant.progress import NoProgress, Progress
 from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, DEFAULT_MAX_SEQ_LEN, draw, read_request_bodies
+from clef_quant.quantize.compress import decoder_layers_path, load_model, run_oneshot
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inputs import bf16_source_config, check_device
 from clef_quant.quantize.recipes import load_recipe
@@ -226,7 +227,7 @@ def _run_units(
         if not units:
             continue
         started = time.perf_counter()
-        model = _load(source_dir, source_config, config.device)
+        model = load_model(source_dir, source_config, config.device)
         prefix = _layer_prefix(model)
         if reference is None:
             reference = _probabilities(model, head, heldout, config.device)
@@ -280,45 +281,21 @@ def _run_units(
     progress.finish(TASK_UNITS)
 
 
-def _load(source_dir: Path, source_config: dict[str, Any], device: str) -> Any:
-    import torch
-    import transformers
-
-    model_class = getattr(transformers, (source_config.get("architectures") or [""])[0], None)
-    if model_class is None:
-        raise QuantizeError("config.json names no transformers architecture")
-    model = model_class.from_pretrained(
-        source_dir, dtype=torch.bfloat16, device_map=device if device != "cpu" else None
-    )
-    return model.eval()
-
-
 def _layer_prefix(model: Any) -> str:
-    for path in ("model.language_model.layers", "model.layers"):
-        try:
-            model.get_submodule(path)
-            return path
-        except AttributeError:
-            continue
-    raise QuantizeError("the model has no decoder layers under model.language_model.layers")
+    path = decoder_layers_path(model)
+    if path is None:
+        raise QuantizeError("the model has no decoder layers under model.language_model.layers")
+    return path
 
 
 def _calibrate(model: Any, source_config: dict[str, Any], scheme: str, dataloader: Any, tokenizer: Any) -> None:
     """The same oneshot `clef-quant quantize --scheme SCHEME` runs, on the in-memory model."""
-    from llmcompressor import oneshot
-
-    from clef_quant.quantize.cpu_compat import no_pinned_memory_without_accelerator, one_rank_is_not_distributed
-    from clef_quant.quantize.fused_scales import fused_global_scales
     from clef_quant.quantize.plan import parse_recipe, plan_quantization, recipe_needs_calibration
 
     recipe = parse_recipe(load_recipe(scheme, None, source_config).text)
     plan_quantization(model, recipe)  # the same refusals as quantize: keep-list, split fused groups
-    layers = model.get_submodule(_layer_prefix(model))
-    kwargs: dict[str, Any] = {"sequential_targets": [type(layers[0]).__name__]}
-    if recipe_needs_calibration(recipe):
-        kwargs.update(dataset=dataloader, processor=tokenizer)
-    with fused_global_scales(), no_pinned_memory_without_accelerator(), one_rank_is_not_distributed():
-        oneshot(model=model, recipe=recipe, **kwargs)
+    calibration = dataloader if recipe_needs_calibration(recipe) else None
+    run_oneshot(model, recipe, calibration, tokenizer, NoProgress(), lambda _stage: None)
 
 
 def stored_bytes(module: Any) -> int:
