@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,3 +98,12 @@ def embeddings():
     from test_head import CONFIG, VOCAB
 
     return torch.randn(VOCAB, CONFIG.hidden_size, generator=torch.Generator().manual_seed(99))
+
+
+@pytest.fixture
+def live_process():
+    """A process that is alive for the test (a writer that has not finished), killed afterwards."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield process
+    process.kill()
+    process.wait()

@@ -320,14 +320,6 @@ def plant_partial(out: Path, writer: Writer | None, extra: bool = True) -> Path:
     return partial
 
 
-@pytest.fixture
-def live_process():
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    yield process
-    process.kill()
-    process.wait()
-
-
 def test_a_live_writer_is_never_reclaimed(tiny_dir: Path, tmp_path: Path, live_process) -> None:
     out = tmp_path / "out"
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()

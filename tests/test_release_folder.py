@@ -64,14 +64,6 @@ def test_a_signalled_run_leaves_no_folder(tmp_path: Path, command: str, sig: sig
     assert sorted(p.name for p in tmp_path.iterdir()) == ["control"]
 
 
-@pytest.fixture
-def live_process():
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    yield process
-    process.kill()
-    process.wait()
-
-
 def test_make_tiny_never_removes_a_partial_a_live_run_writes(tmp_path: Path, live_process) -> None:
     from typer.testing import CliRunner
 
