@@ -111,12 +111,17 @@ class EvalResults:
     def speed_table(self) -> str:
         return side_groups_table(self.results, self.frame, SPEED_METRICS)
 
-    def pairs(self, side: ResultSide) -> tuple[list[float], list[float]]:
-        """Every option probability of every question: (reference, side), records matched by id."""
+    @cached_property
+    def stored(self) -> pd.DataFrame:
+        """Every side's verified stored probabilities, read once for all the plots that compare them."""
         try:
-            stored = probabilities_frame(self.results, self.folder, [self.reference, side])
+            return probabilities_frame(self.results, self.folder, list(self.sides))
         except DataError as exc:
             raise PublishError(str(exc)) from None
+
+    def pairs(self, side: ResultSide) -> tuple[list[float], list[float]]:
+        """Every option probability of every question: (reference, side), records matched by id."""
+        stored = self.stored
         own = stored[stored["side_key"] == side.key].set_index("id")["probs"]
         reference = stored[stored["side_key"] == self.reference.key].set_index("id")["probs"]
         xs: list[float] = []

@@ -78,8 +78,15 @@ def hash_files(
             on_done(name)
         return name, entry
 
-    with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
+    pool = ThreadPoolExecutor(max_workers=HASH_THREADS)
+    try:
         return dict(pool.map(one, names))
+    except BaseException:
+        # Ctrl-C must not wait for every queued file of a 20 GB folder to be hashed before cleanup runs.
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def build_manifest(
