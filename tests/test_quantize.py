@@ -341,6 +341,16 @@ def test_broken_calibration_file_names_its_lines(tiny_dir: Path, tmp_path: Path)
     assert "2 invalid record(s): line 2: not JSON" in result.output and "line 3: questions" in result.output
 
 
+def test_calibration_file_that_is_not_text_is_one_line(tiny_dir: Path, tmp_path: Path) -> None:
+    data = tmp_path / "cal.jsonl"
+    data.write_bytes(b"\xff\xfe not utf-8\n")
+    result = cli(
+        "quantize", str(tiny_dir), "--scheme", "nvfp4", "--calibration", str(data), "--out", str(tmp_path / "o")
+    )
+    assert result.exit_code == 2 and "is not UTF-8 text" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()
+
+
 def test_existing_output_is_refused_without_overwrite(tiny_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()

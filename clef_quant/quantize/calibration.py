@@ -69,10 +69,20 @@ class CalibrationSet:
 
 def read_request_bodies(path: Path | Traversable) -> list[dict[str, Any]]:
     """The request bodies of a JSONL file; every broken line is reported at once, as one line."""
+    return read_calibration_file(path)[0]
+
+
+def read_calibration_file(path: Path | Traversable) -> tuple[list[dict[str, Any]], str]:
+    """The request bodies of a JSONL file and the sha256 of the bytes they were parsed from (what a manifest or
+    scan records must be what was used, not a later read of the file)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        raw = path.read_bytes()
     except OSError as exc:
         raise QuantizeError(f"cannot read calibration file {path}: {exc.strerror}") from None
+    try:
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise QuantizeError(f"calibration file {path} is not UTF-8 text: {exc.reason}") from None
     bodies: list[dict[str, Any]] = []
     problems: list[str] = []
     for number, line in enumerate(lines, start=1):
@@ -96,7 +106,7 @@ def read_request_bodies(path: Path | Traversable) -> list[dict[str, Any]]:
         raise QuantizeError(f"calibration file {path}: {len(problems)} invalid record(s): {shown}")
     if not bodies:
         raise QuantizeError(f"calibration file {path} holds no requests")
-    return bodies
+    return bodies, hashlib.sha256(raw).hexdigest()
 
 
 def draw(count: int, requested: int | None) -> list[int]:
@@ -122,7 +132,7 @@ def build_calibration(
         raise QuantizeError("--max-seq-len must be at least 1")
     progress = progress or NoProgress()
     path: Path | Traversable = Path(file) if file is not None else DEFAULT_CALIBRATION_FILE
-    bodies = read_request_bodies(path)
+    bodies, file_sha256 = read_calibration_file(path)
     chosen = [bodies[i] for i in draw(len(bodies), records)]
 
     input_ids: list[list[int]] = []
@@ -150,7 +160,7 @@ def build_calibration(
     source = str(file) if file is not None else f"default:{shipped.display(path)}"
     summary = CalibrationSummary(
         source=source,
-        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        sha256=file_sha256,
         records=len(input_ids),
         tokens=sum(len(ids) for ids in input_ids),
         max_seq_len=max_seq_len,

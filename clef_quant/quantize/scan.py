@@ -24,7 +24,6 @@ are written at the end.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.progress import NoProgress, Progress
-from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, DEFAULT_MAX_SEQ_LEN, draw, read_request_bodies
+from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, DEFAULT_MAX_SEQ_LEN, draw, read_calibration_file
 from clef_quant.quantize.compress import decoder_layers_path, load_model, run_oneshot
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inputs import bf16_source_config, check_device
@@ -157,7 +156,8 @@ def _check(config: ScanConfig) -> tuple[Path, dict[str, Any], list[dict], list[d
     path: Path | Traversable = (
         Path(config.calibration_file) if config.calibration_file is not None else DEFAULT_CALIBRATION_FILE
     )
-    bodies = [b for b in read_request_bodies(path) if not (b.get("images") or b.get("videos"))]
+    every, file_sha256 = read_calibration_file(path)
+    bodies = [b for b in every if not (b.get("images") or b.get("videos"))]
     if len(bodies) <= config.heldout:
         raise QuantizeError(
             f"{path} has {len(bodies)} text request(s); --heldout {config.heldout} leaves none to calibrate on"
@@ -167,7 +167,7 @@ def _check(config: ScanConfig) -> tuple[Path, dict[str, Any], list[dict], list[d
     calibration = [pool[i] for i in draw(len(pool), config.calibration_records)]
     settings = ScanSettings(
         schemes=list(config.schemes),
-        calibration_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        calibration_sha256=file_sha256,
         calibration_records=len(calibration),
         heldout=len(heldout),
         max_seq_len=config.max_seq_len,
