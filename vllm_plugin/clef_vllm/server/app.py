@@ -23,6 +23,7 @@ from clef_vllm.server import openapi, strict_json
 from clef_vllm.server.backend import EngineBackend
 from clef_vllm.server.body import read_body
 from clef_vllm.server.error_shape import ApiError, install
+from clef_vllm.server.metrics import ServerMetrics
 from clef_vllm.server.model_info import model_info
 from clef_vllm.server.multipart import is_multipart, read_multipart
 from clef_vllm.server.request_ids import RequestContext
@@ -114,6 +115,7 @@ def create_app(
     )
     install(app)
     openapi.install(app, config.limits)
+    server_metrics = ServerMetrics(backend)
 
     def check_key(request: Request) -> None:
         if not config.api_key:
@@ -175,6 +177,10 @@ def create_app(
             return JSONResponse(status_code=503, content={"status": "starting"}, headers={"Retry-After": "5"})
         return {"status": "ok"}
 
+    @app.get("/metrics", response_class=Response, responses=openapi.metrics_responses())
+    async def metrics() -> Response:  # open without the key, like /health: scrapers and probes carry none
+        return server_metrics.response()
+
     @app.get("/v1/models", response_model=ModelList, responses={401: {"model": ErrorBody}})
     async def models(request: Request) -> ModelList:
         check_key(request)
@@ -207,6 +213,6 @@ def create_app(
             return result
         return {"success": True, "result": result, "errors": [], "messages": []}
 
-    wrapped = RequestContext(app)
+    wrapped = RequestContext(app, on_done=server_metrics.record)
     wrapped.fastapi = app  # type: ignore[attr-defined]
     return wrapped

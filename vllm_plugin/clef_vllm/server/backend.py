@@ -9,9 +9,10 @@ engine (`finally`), so no work is left running for nobody.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +114,26 @@ class _LockedTokenizer:
         return getattr(self._tokenizer, name)
 
 
+class Load:
+    """What the backend is doing now and has done: requests in each stage, prompt tokens sent to the engine.
+
+    Only the event loop changes it (threads do the encoding, not the counting), so it needs no lock."""
+
+    STAGES = ("encoding", "engine")
+
+    def __init__(self) -> None:
+        self.in_progress = dict.fromkeys(self.STAGES, 0)
+        self.prompt_tokens = 0
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        self.in_progress[name] += 1
+        try:
+            yield
+        finally:
+            self.in_progress[name] -= 1
+
+
 class EngineBackend:
     """Owns the async engine; `score` turns one request body into a response body."""
 
@@ -128,6 +149,7 @@ class EngineBackend:
         self.engine: Any = None
         self.ready = False
         self.failed = False
+        self.load = Load()
 
     def start(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -142,14 +164,24 @@ class EngineBackend:
     def dead(self) -> bool:
         return self.failed or (self.engine is not None and bool(self.engine.errored))
 
+    STATES = ("starting", "ready", "dead")
+
+    @property
+    def state(self) -> str:
+        """`starting` until warmed up, `ready`, then `dead` once the engine has stopped or failed to start."""
+        return "dead" if self.dead else "ready" if self.ready else "starting"
+
     def prepare(self, body: Any, parts: Mapping[str, bytes] | None = None) -> tuple[ClefRequest, Encoding]:
         """`parts`: the file parts of a multipart request, which media objects name as `{"part": name}`."""
         limits, max_length = self.config.limits, self.config.max_model_len
         return prepare_request(body, limits, self.tokenizer, self.processor, max_length, parts, self._processor_lock)
 
     async def score(self, body: Any, parts: Mapping[str, bytes] | None = None) -> Scored:
-        request, encoding = await asyncio.to_thread(self.prepare, body, parts)
-        logits = await self._logits(encoding)
+        with self.load.stage("encoding"):
+            request, encoding = await asyncio.to_thread(self.prepare, body, parts)
+        with self.load.stage("engine"):
+            self.load.prompt_tokens += encoding.num_tokens
+            logits = await self._logits(encoding)
         response = response_from_logits(request, logits, encoding.num_tokens)
         return Scored(response, truncation_headers(encoding))
 

@@ -153,3 +153,13 @@ def install(app: FastAPI, limits: Limits) -> None:
         return document
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def metrics_responses() -> dict[int | str, dict[str, Any]]:
+    """`responses` for `GET /metrics`: Prometheus' text exposition format, not JSON."""
+    return {
+        200: {
+            "description": "Prometheus text format: the server's `clef_*` metrics, then vLLM's `vllm:*` ones",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    }

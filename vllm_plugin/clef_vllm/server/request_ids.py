@@ -3,6 +3,7 @@
 Every response carries `x-request-id` and `x-typesafe-request-id`: the client's `X-Request-Id` when it is a
 well-formed id, a fresh one otherwise. Handlers find it in `request.state.request_id`. An exception that
 escapes the application is logged once with its id and answered with the JSON 500, without internals.
+`on_done(scope, status, seconds)` sees every request once it is answered, as the log line does.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from clef_vllm.server.error_shape import ApiError, error_payload
@@ -36,8 +38,9 @@ def request_id_from(headers: list[tuple[bytes, bytes]]) -> str:
 class RequestContext:
     """ASGI middleware: assigns the id, adds the headers, logs the request line, turns escapes into 500s."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, on_done: Callable[[dict[str, Any], int, float], None] | None = None) -> None:
         self.app = app
+        self.on_done = on_done
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -67,6 +70,7 @@ class RequestContext:
                 await send_with_id({"type": "http.response.start", "status": 500, "headers": headers})
                 await send_with_id({"type": "http.response.body", "body": body})
         finally:
+            seconds = time.perf_counter() - started
             client = scope.get("client") or ("-", 0)
             logger.info(
                 '%s %s "%s %s" %s %.1f ms',
@@ -75,5 +79,7 @@ class RequestContext:
                 scope["method"],
                 scope["path"],
                 status or 499,
-                (time.perf_counter() - started) * 1000,
+                seconds * 1000,
             )
+            if self.on_done is not None:
+                self.on_done(scope, status or 499, seconds)
