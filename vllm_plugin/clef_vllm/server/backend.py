@@ -23,6 +23,7 @@ from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, prepare_request
 from clef_vllm.engine import apply_cpu_defaults, engine_args, engine_prompt, load_processor, schedule_args
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits
+from clef_vllm.server.model_info import model_info
 from clef_vllm.vllm_logs import show_vllm_warnings_once
 
 
@@ -157,7 +158,10 @@ class EngineBackend:
 
         apply_cpu_defaults()
         show_vllm_warnings_once()
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.config.engine_kwargs()))
+        # vLLM labels its metrics with this name: the one /v1/models shows, never the folder's path.
+        name = model_info(self.config.model, self.config.served_model_name).name
+        kwargs = {**self.config.engine_kwargs(), "served_model_name": name}
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         show_vllm_warnings_once()  # again: the engine's modules brought their own loggers
 
     @property

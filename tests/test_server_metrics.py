@@ -1,0 +1,220 @@
+"""`GET /metrics` of a real `clef-systemone` process, read with prometheus_client's own parser: counters that
+move with requests, latency histograms, queue depth, prompt tokens, the engine's state from loading to death,
+vLLM's engine metrics, and the key rule of /health. The last test kills the module's engine."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from servers import ENGINE_FLAGS
+
+from clef_quant.bench.processes import free_port, server_env, systemone_command, wait_healthy
+from clef_quant.bench.workload import varied_requests
+
+pytestmark = pytest.mark.slow
+
+API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+WORKERS_AI = "/accounts/{account}/ai/run/@cf/cloudflare/clef-flash"
+WORKERS_AI_TEMPLATE = "/accounts/{account_id}/ai/run/@cf/cloudflare/{name}"
+STAGES = ("encoding", "engine")
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse(text: str) -> Samples:
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """A sample's value; 0 for a labelled series not yet created (a counter that has not moved)."""
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen
+    log: Path
+    while_loading: list[Samples]
+
+    def scrape(self, headers: dict[str, str] | None = None) -> Samples:
+        response = httpx.get(f"{self.url}/metrics", headers=headers or {}, timeout=30)
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"].startswith("text/plain")
+        return parse(response.text)
+
+    def post(self, body: Any, path: str = "/v1/systemone") -> httpx.Response:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {**AUTH, "Content-Type": "application/json"}
+        return httpx.post(self.url + path, content=content, headers=headers, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("logs") / "systemone.log"
+    while_loading: list[Samples] = []
+    stop = threading.Event()
+
+    def scrape_while_loading() -> None:  # what a scraper sees before the model is ready
+        while not stop.is_set():
+            with contextlib.suppress(httpx.TransportError):
+                response = httpx.get(f"{url}/metrics", timeout=5)
+                if response.status_code == 200 and httpx.get(f"{url}/health", timeout=5).status_code == 503:
+                    while_loading.append(parse(response.text))
+            time.sleep(0.3)
+
+    poller = threading.Thread(target=scrape_while_loading, daemon=True)
+    poller.start()
+    command = systemone_command(tiny_dir, port, "--api-key", API_KEY, *ENGINE_FLAGS)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
+        )
+        try:
+            wait_healthy(process, port, log)
+            stop.set()
+            poller.join()
+            yield Server(url, process, log, while_loading)
+        finally:
+            stop.set()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def engine_state(samples: Samples) -> dict[str, float]:
+    return {state: value(samples, "clef_engine_state", state=state) for state in ("starting", "ready", "dead")}
+
+
+def test_metrics_show_the_engine_starting_then_ready(server: Server) -> None:
+    assert server.while_loading, "no scrape reached the server while it was loading"
+    assert engine_state(server.while_loading[0]) == {"starting": 1.0, "ready": 0.0, "dead": 0.0}
+    assert engine_state(server.scrape()) == {"starting": 0.0, "ready": 1.0, "dead": 0.0}
+
+
+def test_metrics_are_open_like_health_while_the_api_needs_the_key(server: Server) -> None:
+    assert httpx.get(f"{server.url}/v1/models").status_code == 401
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    for headers in ({}, {"Authorization": "Bearer wrong"}, AUTH):
+        assert value(server.scrape(headers), "clef_engine_state", state="ready") == 1.0
+
+
+def test_a_200_and_a_400_move_the_counters_histogram_and_prompt_tokens(server: Server) -> None:
+    route = "/v1/systemone"
+    before = server.scrape()
+    answered = server.post(varied_requests(1, seed=5)[0])
+    assert answered.status_code == 200, answered.text
+    assert server.post(b"{not json").status_code == 400
+    after = server.scrape()
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved("clef_http_requests_total", route=route, status="200") == 1
+    assert moved("clef_http_requests_total", route=route, status="400") == 1
+    assert moved("clef_http_request_duration_seconds_count", route=route) == 2
+    assert moved("clef_http_request_duration_seconds_sum", route=route) > 0
+    buckets = sorted(
+        (float(dict(labels)["le"]), count)
+        for (name, labels), count in after.items()
+        if name == "clef_http_request_duration_seconds_bucket" and dict(labels)["route"] == route
+    )
+    assert buckets[-1] == (float("inf"), value(after, "clef_http_request_duration_seconds_count", route=route))
+    assert [count for _, count in buckets] == sorted(count for _, count in buckets)  # cumulative
+    # Only the 200 reached the engine: the 400 was refused before encoding.
+    assert moved("clef_prompt_tokens_total") == answered.json()["usage"]["input_tokens"]
+
+
+def test_routes_are_labelled_by_template_whatever_the_path(server: Server) -> None:
+    accounts = [f"acct-{uuid.uuid4().hex}" for _ in range(3)]
+    strays = [f"/stray-{uuid.uuid4().hex}/x" for _ in range(3)]
+    before = server.scrape()
+    for account in accounts:
+        assert server.post(b"{not json", path=WORKERS_AI.format(account=account)).status_code == 400
+    for stray in strays:
+        assert httpx.get(server.url + stray, headers=AUTH).status_code == 404
+    response = httpx.get(f"{server.url}/metrics", timeout=30)
+    after = parse(response.text)
+    for raw in (*accounts, *strays):
+        assert raw not in response.text
+    route, unmatched = {"route": WORKERS_AI_TEMPLATE, "status": "400"}, {"route": "unmatched", "status": "404"}
+    assert value(after, "clef_http_requests_total", **route) - value(before, "clef_http_requests_total", **route) == 3
+    assert (
+        value(after, "clef_http_requests_total", **unmatched) - value(before, "clef_http_requests_total", **unmatched)
+        == 3
+    )
+
+
+def test_queue_depth_rises_under_load_and_falls_back_to_zero(server: Server) -> None:
+    bodies = varied_requests(12, seed=11)
+    answers: list[int] = []
+    threads = [threading.Thread(target=lambda b=b: answers.append(server.post(b).status_code)) for b in bodies]
+    for thread in threads:
+        thread.start()
+    deepest = 0.0
+    while any(thread.is_alive() for thread in threads):
+        samples = server.scrape()
+        deepest = max(deepest, sum(value(samples, "clef_requests_in_progress", stage=s) for s in STAGES))
+        time.sleep(0.02)
+    for thread in threads:
+        thread.join()
+    assert answers == [200] * len(bodies)
+    assert deepest >= 2  # twelve clients at once, one prompt per engine step: some of them wait
+    after = server.scrape()
+    assert [value(after, "clef_requests_in_progress", stage=stage) for stage in STAGES] == [0, 0]
+
+
+def test_vllm_engine_metrics_follow_ours_under_the_served_name(server: Server, tiny_dir: Path) -> None:
+    before = server.scrape()
+    answered = server.post(varied_requests(1, seed=6)[0])
+    assert answered.status_code == 200, answered.text
+    response = httpx.get(f"{server.url}/metrics", timeout=30)
+    after = parse(response.text)
+    engine = {"model_name": tiny_dir.name, "engine": "0"}  # the name /v1/models shows
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+        assert after[(name, frozenset(engine.items()))] == 0
+    tokens = answered.json()["usage"]["input_tokens"]
+    assert (
+        value(after, "vllm:prompt_tokens_total", **engine) - value(before, "vllm:prompt_tokens_total", **engine)
+        == tokens
+    )
+    assert str(tiny_dir) not in response.text
+
+
+def engine_core(server: Server) -> psutil.Process:
+    children = psutil.Process(server.process.pid).children(recursive=True)
+    cores = [child for child in children if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline())]
+    assert cores, [(c.name(), c.cmdline()) for c in children]
+    return cores[0]
+
+
+def test_metrics_show_the_engine_dead_before_the_server_exits(server: Server) -> None:
+    engine_core(server).kill()
+    seen: list[dict[str, float]] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not seen or seen[-1]["dead"] != 1.0):
+        seen.append(engine_state(server.scrape()))
+        time.sleep(0.05)
+    assert seen[-1] == {"starting": 0.0, "ready": 0.0, "dead": 1.0}, seen
+    server.process.wait(timeout=60)
