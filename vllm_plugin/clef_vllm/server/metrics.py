@@ -2,7 +2,8 @@
 
 Ours live in a registry per application, so that several apps in one process never share counts. vLLM's
 AsyncLLM registers its `vllm:*` metrics (scheduler queue, token counters, latencies) in prometheus_client's
-default registry when it starts, so they appear once the engine is up, as they do under `vllm serve`.
+default registry when it starts, so they appear, with the process's own, once the engine is up, as they do
+under `vllm serve`.
 
 Routes are labelled by their template (`/accounts/{account_id}/ai/run/@cf/cloudflare/{name}`), and every path
 that matches no route by one label, so hostile paths cannot grow the number of series.
@@ -62,6 +63,7 @@ class ServerMetrics:
     """The application's metrics; `record` is called once per finished HTTP request."""
 
     def __init__(self, backend: EngineBackend) -> None:
+        self.backend = backend
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "clef_http_requests", "HTTP requests answered, by route and status", ["route", "status"],
@@ -82,9 +84,11 @@ class ServerMetrics:
         self.latency.labels(route).observe(seconds)
 
     def response(self) -> Response:
-        # vLLM's registry is looked up at scrape time: it honours PROMETHEUS_MULTIPROC_DIR as `vllm serve` does,
-        # and importing vLLM here instead of at import keeps the module light.
-        from vllm.v1.metrics.prometheus import get_prometheus_registry
+        body = generate_latest(self.registry)
+        # vLLM registers its metrics while the engine is made, and it is imported by then: importing it before
+        # would block the event loop on the import the starting engine is doing in its thread.
+        if self.backend.engine is not None:
+            from vllm.v1.metrics.prometheus import get_prometheus_registry  # honours PROMETHEUS_MULTIPROC_DIR
 
-        body = generate_latest(self.registry) + generate_latest(get_prometheus_registry())
+            body += generate_latest(get_prometheus_registry())
         return Response(body, media_type=CONTENT_TYPE_LATEST)
