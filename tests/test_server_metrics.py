@@ -202,6 +202,14 @@ def test_vllm_engine_metrics_follow_ours_under_the_served_name(server: Server, t
     assert str(tiny_dir) not in response.text
 
 
+def test_openapi_lists_metrics_as_plain_text(server: Server) -> None:
+    from openapi_spec_validator import validate
+
+    spec = httpx.get(f"{server.url}/openapi.json").json()
+    validate(spec)
+    assert set(spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
+
+
 def engine_core(server: Server) -> psutil.Process:
     children = psutil.Process(server.process.pid).children(recursive=True)
     cores = [child for child in children if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline())]
