@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import typer
 
+from clef_quant.cli._errors import OneLineUsageErrors
 from clef_quant.cli import bench, encode, evaluate, quantize, release, scan, score, tiny
 
 app = typer.Typer(
     name="clef-quant",
+    cls=OneLineUsageErrors,
     help="Quantize, evaluate, document and serve Clef decision-model releases.",
     no_args_is_help=True,
     add_completion=False,

@@ -1,6 +1,8 @@
 """One place that turns user errors into one line on stderr and exit code 2.
 
-Set CLEF_QUANT_DEBUG=1 to see the traceback instead.
+Both kinds end the same way: ours (`fail`, a `ClefError` from a command) and the command line parser's own
+refusals (an unknown command or option, a missing argument, `--seed abc`), which Typer would otherwise draw as a
+boxed usage panel. Set CLEF_QUANT_DEBUG=1 to see the traceback instead.
 """
 
 from __future__ import annotations
@@ -12,11 +14,17 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
 from clef_vllm.errors import USAGE_EXIT, ClefError, usage_error_line
+
+try:  # recent Typer carries its own copy of click, whose exceptions are the ones raised
+    from typer._click import exceptions as parser_errors
+except ImportError:  # older Typer runs on click itself
+    from click import exceptions as parser_errors  # type: ignore[no-redef]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -28,6 +36,26 @@ def fail(message: str, hint: str | None = None) -> typer.Exit:
     if hint:
         typer.echo(f"hint: {hint}", err=True)
     return typer.Exit(USAGE_EXIT)
+
+
+class OneLineUsageErrors(TyperGroup):
+    """The top command group: the parser's refusals end like ours, one `error:` line and exit 2."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            status = super().main(*args, standalone_mode=False, **kwargs)
+        except parser_errors.NoArgsIsHelpError as exc:
+            sys.exit(exc.exit_code)  # the help is already printed: asking for nothing is asking for it
+        except parser_errors.ClickException as exc:
+            typer.secho(usage_error_line(exc.format_message()), fg=typer.colors.RED, err=True)
+            sys.exit(USAGE_EXIT)
+        except typer.Abort:
+            typer.echo("aborted", err=True)
+            sys.exit(1)
+        # Without standalone mode an Exit comes back as its code and a finished command as its return value.
+        sys.exit(status if isinstance(status, int) else 0)
 
 
 def user_errors(func: Callable[P, R]) -> Callable[P, R]:
