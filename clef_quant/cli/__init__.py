@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from clef_quant.cli._errors import OneLineUsageErrors
 from clef_quant.cli import bench, encode, evaluate, quantize, release, scan, score, tiny
+from clef_quant.cli._errors import OneLineUsageErrors
 
 app = typer.Typer(
     name="clef-quant",

@@ -8,7 +8,6 @@ boxed usage panel. Set CLEF_QUANT_DEBUG=1 to see the traceback instead.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import signal
 import sys
@@ -82,12 +81,19 @@ def user_errors(func: Callable[P, R]) -> Callable[P, R]:
 
 
 def read_json_file(path: str) -> object:
-    """Read a JSON document from a path (or `-` for stdin), failing with one line."""
+    """Read a request body from a path (or `-` for stdin) as the server reads one (strict JSON, nesting limited),
+    failing with one line that names the file."""
+    from clef_vllm.errors import RequestError
+    from clef_vllm.server.strict_json import loads
+
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as exc:
         raise fail(f"cannot read {path}: {exc.strerror}") from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise fail(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        return loads(raw)
+    except RequestError as exc:
+        # The server's wording names the body ("body is not valid JSON: ..."); here the body is a file.
+        message = exc.message
+        where = f"{path}{message[len('body') :]}" if message.startswith("body") else f"{path}: {message}"
+        raise fail(where) from None

@@ -14,6 +14,7 @@ from clef_quant.quantize.calibration import read_request_bodies
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, load_recipe
 from clef_quant.release import resolve_release
+from clef_quant.release_folder.outputs import check_output
 from clef_vllm.head_files import find_head_dir
 
 if TYPE_CHECKING:  # run.py imports this module; the config class is only needed for annotations
@@ -42,10 +43,7 @@ def bf16_source_config(source_dir: Path, verb: str) -> dict[str, Any]:
 def check_inputs(config: QuantizeConfig) -> CheckedInputs:
     """Everything that can be wrong before the model loads, checked in one go (cheapest first)."""
     out = Path(config.out).expanduser().absolute()
-    if out.exists() and not config.overwrite:
-        raise QuantizeError(f"{out} already exists; pass --overwrite to replace it")
-    if out.exists() and not out.is_dir():
-        raise QuantizeError(f"{out} exists and is not a folder")
+    check_output(out, "quantize", config.overwrite)
     source_dir = resolve_release(config.source, config.revision).absolute()
     if out.resolve() == source_dir.resolve() or out.resolve() in source_dir.resolve().parents:
         raise QuantizeError(f"--out {out} would replace the source {source_dir}")

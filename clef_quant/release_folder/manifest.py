@@ -13,7 +13,6 @@ traceback deep in a later step. Paths must stay inside the folder (no absolute p
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
 from clef_quant import shipped
+from clef_quant.documents import parse_json
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_quant.release_folder.versions import tool_versions
 from clef_vllm.errors import CheckpointError, first_validation_error
@@ -189,10 +189,7 @@ class Manifest(BaseModel):
 
 def parse_manifest(text: str, where: str = MANIFEST_FILE) -> dict[str, Any]:
     """Validate a manifest's text; returns it as a dict, or raises ManifestError in one line."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ManifestError(f"{where} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    data = parse_json(text, where=where, error=ManifestError)
     if not isinstance(data, dict):
         raise ManifestError(f"{where} is not a manifest: a JSON {type(data).__name__}, not an object")
     try:
