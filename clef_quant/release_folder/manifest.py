@@ -65,6 +65,20 @@ def folder_files(folder: Path) -> list[str]:
     return sorted(f for f in files if f != MANIFEST_FILE)
 
 
+def symlinks_in(folder: Path) -> dict[str, str]:
+    """`{relative path: target}` for every symlink under `folder`, to a file or a folder; linked folders are not
+    entered. A release holds regular files only: a link would make readers (and an upload) read whatever it
+    points at, which no manifest hash covers."""
+    folder = Path(folder)
+    links = {}
+    for parent, dirs, files in os.walk(folder):
+        for name in (*dirs, *files):
+            path = Path(parent) / name
+            if path.is_symlink():
+                links[path.relative_to(folder).as_posix()] = os.readlink(path)
+    return dict(sorted(links.items()))
+
+
 def hash_files(
     folder: Path, names: Iterable[str], on_done: Callable[[str], None] | None = None
 ) -> dict[str, dict[str, Any]]:
