@@ -44,7 +44,8 @@ def parse_json(raw: bytes | str, *, where: str, error: type[Exception]) -> Any:
     try:
         check_depth(data)
     except RequestError as exc:
-        raise error(f"{where} is not valid JSON: {exc.message.removeprefix('body: ')}") from None
+        # The request wording leads with the JSON path; a file is pointed at by line and column instead.
+        raise error(f"{where} is not valid JSON: {exc.message.rsplit(': ', 1)[-1]}") from None
     try:
         return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -187,7 +187,7 @@ def test_inspect_and_upload_fail_on_any_symlink(quantized_dir, tmp_path: Path, e
     assert [v["message"] for v in found] == [
         f"a symlink (to {os.readlink(folder / link)}); a release holds regular files only"
     ]
-    assert {c["name"]: c["status"] for c in report["checks"]}["manifest"] == "fail"
+    assert {c["name"]: c["status"] for c in report["checks"]}["manifest hashes"] == "fail"
 
     uploaded = run_cli("upload", folder, "--repo-id", "someone/clef-tiny", "--dry-run")
     assert uploaded.exit_code == 2 and "Traceback" not in uploaded.output

@@ -48,7 +48,7 @@ class Writer:
     def parse(cls, text: str) -> Writer | None:
         try:
             data = json.loads(text)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # a marker nested too deep is no marker
             return None
         if isinstance(data, int) and data > 0:  # a bare PID
             return cls(data, None, None, socket.gethostname())
