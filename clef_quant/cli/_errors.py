@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 from typer.core import TyperGroup
@@ -37,24 +37,29 @@ def fail(message: str, hint: str | None = None) -> typer.Exit:
     return typer.Exit(USAGE_EXIT)
 
 
+def run_command(main: Callable[..., Any], *args: Any, **kwargs: Any) -> NoReturn:
+    """Run a Typer command's (or group's) `main`, the parser's refusals ending like ours: one `error:` line, exit 2."""
+    try:
+        status = main(*args, standalone_mode=False, **kwargs)
+    except parser_errors.NoArgsIsHelpError as exc:
+        sys.exit(exc.exit_code)  # the help is already printed: asking for nothing is asking for it
+    except parser_errors.ClickException as exc:
+        typer.secho(usage_error_line(exc.format_message()), fg=typer.colors.RED, err=True)
+        sys.exit(USAGE_EXIT)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(1)
+    # Without standalone mode an Exit comes back as its code and a finished command as its return value.
+    sys.exit(status if isinstance(status, int) else 0)
+
+
 class OneLineUsageErrors(TyperGroup):
-    """The top command group: the parser's refusals end like ours, one `error:` line and exit 2."""
+    """The top command group, whose `main` runs through `run_command`."""
 
     def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
         if not standalone_mode:
             return super().main(*args, standalone_mode=False, **kwargs)
-        try:
-            status = super().main(*args, standalone_mode=False, **kwargs)
-        except parser_errors.NoArgsIsHelpError as exc:
-            sys.exit(exc.exit_code)  # the help is already printed: asking for nothing is asking for it
-        except parser_errors.ClickException as exc:
-            typer.secho(usage_error_line(exc.format_message()), fg=typer.colors.RED, err=True)
-            sys.exit(USAGE_EXIT)
-        except typer.Abort:
-            typer.echo("aborted", err=True)
-            sys.exit(1)
-        # Without standalone mode an Exit comes back as its code and a finished command as its return value.
-        sys.exit(status if isinstance(status, int) else 0)
+        run_command(super().main, *args, **kwargs)
 
 
 def user_errors(func: Callable[P, R]) -> Callable[P, R]:
