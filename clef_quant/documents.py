@@ -1,5 +1,8 @@
-"""JSON and YAML files a user hands the tools (task files, scan files, results), read and validated so that any
-problem with one is a single line naming the file: unreadable, not parseable, or not the expected shape."""
+"""JSON and YAML files a user hands the tools (task files, scan files, results, manifests), read and validated so
+that any problem with one is a single line naming the file: unreadable, not parseable, or not the expected shape.
+
+JSON is nested at most as deep as a request body may be (`strict_json.MAX_DEPTH`), checked on the bytes before
+parsing: Python's parser recurses, and a file nested a few thousand levels deep would end in a RecursionError."""
 
 from __future__ import annotations
 
@@ -10,7 +13,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from clef_vllm.errors import first_validation_error
+from clef_vllm.errors import RequestError, first_validation_error
+from clef_vllm.server.strict_json import check_depth
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -31,11 +35,22 @@ def read_document(
         except yaml.YAMLError as exc:
             # PyYAML explains over several lines (with a caret under the spot); one line keeps the CLI's contract.
             raise error(f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    return parse_json(raw, where=str(path), error=error), raw
+
+
+def parse_json(raw: bytes | str, *, where: str, error: type[Exception]) -> Any:
+    """The JSON document in `raw`, or `error("WHERE is not valid JSON: why")`, nesting limited (module docstring)."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     try:
-        return json.loads(raw), raw
+        check_depth(data)
+    except RequestError as exc:
+        # The request wording leads with the JSON path; a file is pointed at by line and column instead.
+        raise error(f"{where} is not valid JSON: {exc.message.rsplit(': ', 1)[-1]}") from None
+    try:
+        return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        detail = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise error(f"{path} is not valid JSON: {detail}") from None
+        detail = f"{exc.msg} (line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise error(f"{where} is not valid JSON: {detail}") from None
 
 
 def validated(model: type[Model], data: Any, *, error: type[Exception], prefix: str, top: str = "top level") -> Model:

@@ -357,3 +357,142 @@ def test_score_rejects_bad_options(runner, cli_app, tiny_dir, tmp_path):
     path = write(tmp_path, MIXED_REQUEST)
     assert_user_error(invoke(runner, cli_app, "score", "--model", tiny_dir, "--dtype", "int8", path), r"--dtype")
     assert_user_error(invoke(runner, cli_app, "score", "--model", tiny_dir, "--device", "tpu", path), r"--device")
+
+
+# --- every refusal of every command: one line, exit 2, nothing written ---------------------------------------
+
+DEEP_REQUEST = '{"model": "m", "questions": {"q": {"type": "noul"}}, "state": ' + "[" * 5000 + "]" * 5000 + "}"
+NOT_UTF8_REQUEST = b'{"model": "m\xff", "state": 1, "questions": {"q": {"type": "noul"}}}'
+
+# Each case's arguments name its places by key: {file} is a regular file, {other} a folder of something else,
+# {tiny} the tiny release, {tmp} the test's own folder, {deep} and {not_utf8} request files.
+REFUSALS = [
+    pytest.param(["make-tiny", "{file}/x"], r"cannot write .*/x: .*file is not a folder", id="make-tiny-under-file"),
+    pytest.param(
+        ["build-data", "--out", "{file}/x", "--source", "fixtures"], r"file is not a folder", id="build-data-under-file"
+    ),
+    pytest.param(
+        ["quantize", "{tiny}", "--scheme", "fp8-dynamic", "--out", "{file}/x"],
+        r"file is not a folder",
+        id="quantize-under-file",
+    ),
+    pytest.param(["scan", "{tiny}", "--out", "{file}/x"], r"file is not a folder", id="scan-under-file"),
+    pytest.param(["scan", "{tiny}", "--out", "{file}"], r"file is not a folder", id="scan-out-is-file"),
+    pytest.param(["make-tiny", "/proc/clef-x"], r"cannot create a folder in /proc", id="make-tiny-in-proc"),
+    pytest.param(["build-data", "--out", "/proc/clef-x", "--source", "fixtures"], r"in /proc", id="build-data-in-proc"),
+    pytest.param(
+        ["quantize", "{tiny}", "--scheme", "fp8-dynamic", "--out", "/proc/clef-x"], r"in /proc", id="quantize-in-proc"
+    ),
+    pytest.param(["scan", "{tiny}", "--out", "/proc/clef-x"], r"in /proc", id="scan-in-proc"),
+    pytest.param(["encode", "--model", "{tiny}", "{not_utf8}"], r"not_utf8\.json is not valid UTF-8", id="encode-utf8"),
+    pytest.param(["score", "--model", "{tiny}", "{not_utf8}"], r"not_utf8\.json is not valid UTF-8", id="score-utf8"),
+    pytest.param(
+        ["encode", "--model", "{tiny}", "{deep}"], r"deep\.json: state.*nested more than 64", id="encode-deep"
+    ),
+    pytest.param(["score", "--model", "{tiny}", "{deep}"], r"deep\.json: state.*nested more than 64", id="score-deep"),
+    pytest.param(["make-tiny", "{tmp}/t", "--seed", "abc"], r"Invalid value for '--seed'", id="seed-abc"),
+    pytest.param(["encode", "--model", "{tiny}", "--max-length", "0", "{deep}"], r"'--max-length'", id="max-length-0"),
+    pytest.param(["build-data", "--out", "{tmp}/d", "--per-task", "0"], r"'--per-task'", id="per-task-0"),
+    pytest.param(
+        ["eval", "--max-model-len", "0", "--reference", "{tiny}", "--candidate", "{tiny}", "--data", "{tmp}"],
+        r"'--max-model-len'",
+        id="max-model-len-0",
+    ),
+    pytest.param(["no-such-command"], r"No such command 'no-such-command'", id="unknown-command"),
+    pytest.param(["bench", "no-such-command"], r"No such command", id="unknown-bench-command"),
+    pytest.param(["make-tiny"], r"Missing argument 'DIR'", id="missing-argument"),
+    pytest.param(
+        ["make-tiny", "{file}", "--overwrite"],
+        r"file is not a folder; --overwrite replaces only a checkpoint",
+        id="make-tiny-overwrite-file",
+    ),
+    pytest.param(
+        ["make-tiny", "{other}", "--overwrite"],
+        r"other is not a checkpoint folder \(it has no config\.json\)",
+        id="make-tiny-overwrite-other",
+    ),
+    pytest.param(
+        ["quantize", "{tiny}", "--scheme", "fp8-dynamic", "--out", "{file}", "--overwrite"],
+        r"file is not a folder; --overwrite replaces only a quantized release",
+        id="quantize-overwrite-file",
+    ),
+    pytest.param(
+        ["quantize", "{tiny}", "--scheme", "fp8-dynamic", "--out", "{other}", "--overwrite"],
+        r"other is not a quantized release \(it has no clef_quant\.json\)",
+        id="quantize-overwrite-other",
+    ),
+    pytest.param(
+        ["build-data", "--out", "{file}", "--source", "fixtures", "--overwrite"],
+        r"file is not a folder; --overwrite replaces only a DATA folder",
+        id="build-data-overwrite-file",
+    ),
+    pytest.param(
+        ["build-data", "--out", "{other}", "--source", "fixtures", "--overwrite"],
+        r"other is not a DATA folder \(it has no summary\.json\)",
+        id="build-data-overwrite-other",
+    ),
+]
+
+
+def snapshot(folder: Path) -> dict[str, bytes | None]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize(("args", "pattern"), REFUSALS)
+def test_every_refusal_is_one_error_line_and_writes_nothing(runner, cli_app, tiny_dir, tmp_path, args, pattern):
+    (tmp_path / "file").write_text("a user's file\n")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("a user's notes\n")
+    (tmp_path / "deep.json").write_text(DEEP_REQUEST)
+    (tmp_path / "not_utf8.json").write_bytes(NOT_UTF8_REQUEST)
+    places = {"file": tmp_path / "file", "other": tmp_path / "other", "tiny": tiny_dir, "tmp": tmp_path}
+    places |= {"deep": tmp_path / "deep.json", "not_utf8": tmp_path / "not_utf8.json"}
+    before, release_before = snapshot(tmp_path), snapshot(tiny_dir)
+
+    result = runner.invoke(cli_app, [arg.format(**places) for arg in args])
+
+    assert_user_error(result, pattern)
+    assert snapshot(tmp_path) == before  # no .partial, no probe folder, the user's file and folder untouched
+    assert snapshot(tiny_dir) == release_before
+    assert not Path("/proc/clef-x").exists()
+
+
+def test_a_refusal_of_the_parser_is_one_line_from_the_installed_script(tmp_path):
+    """Typer draws its refusals in a boxed panel; the console script prints our one line instead."""
+    script = Path(sys.executable).with_name("clef-quant")
+    env = {k: v for k, v in os.environ.items() if k != "CLEF_QUANT_DEBUG"}
+    proc = subprocess.run(
+        [str(script), "make-tiny", str(tmp_path / "t"), "--seed", "abc"], capture_output=True, text=True, env=env
+    )
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert re.fullmatch(r"error: Invalid value for '--seed': [^\n]*\n", proc.stderr), proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_bench_head_module_refuses_in_one_line():
+    """`python -m clef_quant.bench.head` (bare GPU machines) runs the same command outside the group."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "clef_quant.bench.head", "--repeats", "abc"], capture_output=True, text=True
+    )
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert re.fullmatch(r"error: Invalid value for '--repeats': [^\n]*\n", proc.stderr), proc.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_clef_systemone_refuses_a_non_finite_flag(value):
+    script = Path(sys.executable).with_name("clef-systemone")
+    proc = subprocess.run(
+        [str(script), "--model", "unused", "--max-body-mb", value], capture_output=True, text=True, timeout=120
+    )
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == f"error: argument --max-body-mb: '{value}' is not a finite number\n"
+
+
+def test_overwrite_replaces_a_folder_of_the_same_kind(runner, cli_app, tmp_path):
+    out = tmp_path / "tiny"
+    assert invoke(runner, cli_app, "make-tiny", out).exit_code == 0
+    (out / "stale.txt").write_text("from before")
+    result = invoke(runner, cli_app, "make-tiny", out, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert not (out / "stale.txt").exists() and (out / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]

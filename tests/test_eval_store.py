@@ -124,6 +124,25 @@ def test_read_store_verifies_and_never_writes(stored: Path) -> None:
     assert not read.ends_cleanly and stored.read_bytes() == before
 
 
+def test_a_line_rewritten_with_its_hashes_recomputed_is_reused(stored: Path) -> None:
+    """The stated limit (README, `eval --help`): the hashes are plain sha256, so whoever can write the store can
+    forge a line that verifies. They catch torn files and edits that leave the hashes alone, nothing more."""
+    items = entries(stored)
+    items[1]["probs"][0] = [0.99, 0.01]
+    rewrite(stored, items)
+    store = ProbabilityStore(stored, PRODUCER)
+    assert store.rejected == []
+    assert store.get("k2", [2, 3]).probabilities[0] == [0.99, 0.01]
+
+
+def test_eval_help_says_what_the_hashes_protect_against() -> None:
+    result = CliRunner().invoke(app, ["eval", "--help"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "catch torn and accidentally edited lines (scored again and reported), not someone who can write" in text
+    assert "a line rewritten with recomputed hashes is reused" in text
+
+
 # -- through the CLI ------------------------------------------------------------------------------------------
 
 

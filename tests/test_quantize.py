@@ -359,9 +359,15 @@ def test_existing_output_is_refused_without_overwrite(tiny_dir: Path, tmp_path: 
     assert result.exit_code == 2 and "already exists; pass --overwrite" in result.output
     assert (out / "keep.txt").read_text() == "mine"
 
+    # --overwrite replaces a release, never a folder of something else.
+    result = cli("quantize", str(tiny_dir), "--scheme", "fp8-dynamic", "--out", str(out), "--overwrite")
+    assert result.exit_code == 2 and "is not a quantized release (it has no clef_quant.json)" in result.output
+    assert (out / "keep.txt").read_text() == "mine"
+
+    (out / "keep.txt").unlink()
     result = cli("quantize", str(tiny_dir), "--scheme", "fp8-dynamic", "--out", str(out), "--overwrite")
     assert result.exit_code == 0, result.output
-    assert not (out / "keep.txt").exists() and inspect_checkpoint(out).ok
+    assert inspect_checkpoint(out).ok
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no .partial or .old left behind
 
 

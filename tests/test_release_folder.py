@@ -5,7 +5,9 @@ by other users whatever the umask. (quantize's runs through the same code are co
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -103,3 +105,106 @@ def test_signal_handlers_are_restored_after_the_block(tmp_path: Path) -> None:
         time.sleep(5)  # the handler raises at once; never reached
     assert list(tmp_path.iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+# -- what a release folder may hold: regular files only, no code passing as a notice, manifests that parse -------
+
+
+def run_cli(*args: object):
+    from typer.testing import CliRunner
+
+    from clef_quant.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "300"})
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path) -> Path:
+    """Files outside every release: what a planted symlink would make a reader (or an upload) read."""
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    (folder / "x.py").write_text("import os\n")
+    (folder / "LICENSE").write_text("someone else's secret\n")
+    return folder
+
+
+def test_quantize_follows_no_symlink_out_of_the_source_and_carries_no_code_as_a_notice(
+    tiny_dir: Path, tmp_path: Path, elsewhere: Path
+) -> None:
+    source = tmp_path / "source"
+    shutil.copytree(tiny_dir, source)
+    (source / "LICENSE").symlink_to(elsewhere / "LICENSE")
+    (source / "lib").symlink_to(elsewhere, target_is_directory=True)
+    (source / "NOTICE").write_text("#!/bin/sh\necho carried as a notice\n")
+    (source / "COPYING").write_text("Plain licence text.\n")
+    out = tmp_path / "out"
+
+    # --include names the links: it carries a file on purpose, never whatever a link points at.
+    result = run_cli(
+        "quantize", source, "--scheme", "fp8-dynamic", "--out", out, "--include", "LICENSE", "--include", "lib/*"
+    )
+
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert any(f"LICENSE -> {elsewhere / 'LICENSE'}" in w and f"lib -> {elsewhere}" in w for w in warnings), warnings
+    assert any("left out of the release" in w and "NOTICE" in w for w in warnings), warnings
+    assert not any((out / name).exists() or (out / name).is_symlink() for name in ("LICENSE", "lib", "NOTICE")), sorted(
+        p.name for p in out.iterdir()
+    )
+    assert (out / "COPYING").read_text() == "Plain licence text.\n"
+    assert "someone else's secret" not in "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
+    inspected = run_cli("inspect", out)
+    assert inspected.exit_code == 0, inspected.output  # the output passes its own inspect
+
+
+def plant_code_link(folder: Path, elsewhere: Path) -> str:
+    (folder / "evil.py").symlink_to(elsewhere / "x.py")
+    return "evil.py"
+
+
+def plant_folder_link(folder: Path, elsewhere: Path) -> str:
+    (folder / "clef_head" / "lib").symlink_to(elsewhere, target_is_directory=True)
+    return "clef_head/lib"
+
+
+def swap_listed_file_for_a_link(folder: Path, elsewhere: Path) -> str:
+    """The same bytes, behind a link: every hash would match, but what is read is not the release's file."""
+    shutil.move(folder / "tokenizer.json", elsewhere / "tokenizer.json")
+    (folder / "tokenizer.json").symlink_to(elsewhere / "tokenizer.json")
+    return "tokenizer.json"
+
+
+@pytest.mark.parametrize("plant", [plant_code_link, plant_folder_link, swap_listed_file_for_a_link])
+def test_inspect_and_upload_fail_on_any_symlink(quantized_dir, tmp_path: Path, elsewhere: Path, plant) -> None:
+    folder = tmp_path / "release"
+    shutil.copytree(quantized_dir("fp8-dynamic"), folder)
+    link = plant(folder, elsewhere)
+
+    inspected = run_cli("inspect", folder, "--json")
+    assert inspected.exit_code == 1, inspected.output
+    report = json.loads(inspected.stdout)
+    found = [v for v in report["violations"] if v["subject"] == link]
+    assert [v["message"] for v in found] == [
+        f"a symlink (to {os.readlink(folder / link)}); a release holds regular files only"
+    ]
+    assert {c["name"]: c["status"] for c in report["checks"]}["manifest hashes"] == "fail"
+
+    uploaded = run_cli("upload", folder, "--repo-id", "someone/clef-tiny", "--dry-run")
+    assert uploaded.exit_code == 2 and "Traceback" not in uploaded.output
+    assert f"refused: {link}: a symlink" in uploaded.stderr
+    assert "would commit" not in uploaded.stdout
+
+
+def test_a_deeply_nested_manifest_is_one_line(tiny_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "release"
+    shutil.copytree(tiny_dir, folder)
+    (folder / "clef_quant.json").write_text("[" * 5000 + "]" * 5000)
+
+    uploaded = run_cli("upload", folder, "--repo-id", "someone/clef-tiny", "--dry-run")
+    assert uploaded.exit_code == 2 and "Traceback" not in uploaded.output, uploaded.output
+    expected = "is not valid JSON: JSON nested more than 64 levels deep (line 1 column 65)"
+    assert uploaded.stderr.splitlines() == [f"error: {folder / 'clef_quant.json'} {expected}"]
+    inspected = run_cli("inspect", folder, "--json")
+    assert inspected.exit_code == 1, inspected.output
+    (violation,) = [v for v in json.loads(inspected.stdout)["violations"] if v["subject"] == "clef_quant.json"]
+    assert "nested more than 64 levels deep" in violation["message"]

@@ -168,10 +168,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     """`clef-quant bench head` under this module's name: one definition of the command and its options."""
     import typer
 
+    from clef_quant.cli._errors import run_command
     from clef_quant.cli.bench import app
 
     command = typer.main.get_command(app).commands["head"]  # type: ignore[attr-defined]
-    command.main(args=list(sys.argv[1:] if argv is None else argv), prog_name=PROGRAM)
+    run_command(command.main, args=list(sys.argv[1:] if argv is None else argv), prog_name=PROGRAM)
 
 
 if __name__ == "__main__":

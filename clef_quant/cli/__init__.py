@@ -5,9 +5,11 @@ from __future__ import annotations
 import typer
 
 from clef_quant.cli import bench, encode, evaluate, quantize, release, scan, score, tiny
+from clef_quant.cli._errors import OneLineUsageErrors
 
 app = typer.Typer(
     name="clef-quant",
+    cls=OneLineUsageErrors,
     help="Quantize, evaluate, document and serve Clef decision-model releases.",
     no_args_is_help=True,
     add_completion=False,

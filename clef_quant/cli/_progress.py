@@ -62,15 +62,21 @@ class RichProgress:
             redirect_stdout=False,
         )
         self._ids: dict[str, Any] = {}
+        self._drawing = False
 
+    # The display starts with the first task: a run refused before any work leaves its one error line alone,
+    # without the empty line a display that never drew anything prints when it stops.
     def __enter__(self) -> RichProgress:
-        self._bars.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._bars.__exit__(*exc)
+        if self._drawing:
+            self._bars.__exit__(*exc)
 
     def start(self, task: str, total: int | None = None) -> None:
+        if not self._drawing:
+            self._bars.__enter__()
+            self._drawing = True
         self._ids[task] = self._bars.add_task(task, total=total, detail="")
 
     def advance(self, task: str, amount: int = 1) -> None:

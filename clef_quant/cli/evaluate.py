@@ -129,7 +129,9 @@ def evaluate(
     """Compare candidates with the bf16 reference on DATA; the bf16 folder through the plugin is the noise floor.
 
     Every DATA line is validated before any model loads. Probabilities are kept under RESULTS/probs/, so a rerun
-    with the same folders, data and settings reuses them and scores nothing again.
+    with the same folders, data and settings reuses them and scores nothing again. Each stored line's hashes catch
+    torn and accidentally edited lines (scored again and reported), not someone who can write RESULTS: they are
+    plain sha256, so a line rewritten with recomputed hashes is reused. Use a fresh --out to score everything.
 
     Examples:
       clef-quant eval --reference artifacts/tiny --candidate artifacts/tiny-FP8_DYNAMIC \\

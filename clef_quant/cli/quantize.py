@@ -99,8 +99,9 @@ def inspect_checkpoint(
 
     Checks: keep-list bf16 (lm_head, vision tower, DeltaNet in_proj_a/b, embeddings), fused groups share one
     scheme and global scale (in_proj_qkv+in_proj_z, q/k/v, gate/up), config matches stored tensors, manifest
-    (clef_quant.json) present, valid and matching every file's sha256, no code or auto_map unless the manifest
-    includes it on purpose, head files in clef_head/. An unfinished output (DIR.partial) fails with one line.
+    (clef_quant.json) present, valid and matching every file's sha256, no symlink, no code or auto_map unless the
+    manifest includes it on purpose, head files in clef_head/. An unfinished output (DIR.partial) fails with one
+    line.
     A bf16 source release is inspected as a source and says so.
 
     Example: clef-quant inspect artifacts/tiny-NVFP4

@@ -21,6 +21,7 @@ from clef_quant.evaluation.sources import FIXTURES, HUB, check_local_source
 from clef_quant.evaluation.tasks import Task
 from clef_quant.formatting import utc_minute
 from clef_quant.release_folder.atomic import write_json_atomic
+from clef_quant.release_folder.outputs import check_output
 from clef_quant.release_folder.staged import staged_folder
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Tokenizer, encode_request, render
 from clef_vllm.request import parse_request
@@ -108,8 +109,7 @@ def build_data(
     if config.calibration < 0:
         raise DataError("--calibration must be 0 or more")
     out = Path(config.out)
-    if out.exists() and not config.overwrite:
-        raise DataError(f"{out} already exists; pass --overwrite to replace it")
+    check_output(out, "build-data", config.overwrite)
     if config.source != HUB:
         check_local_source(Path(config.source), tasks, calibration=config.calibration > 0)
     tokenizer = None

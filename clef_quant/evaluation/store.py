@@ -9,6 +9,10 @@ after every batch: an interrupted run keeps what it scored.
 
 Every line carries two hashes, of what produced it and of its content, and nothing is reused that does not verify
 (see `ProbabilityStore`): an edited, NaN, wrong-shape or torn line is scored again and reported, never averaged in.
+The hashes are plain sha256 with no secret: they catch torn files and edits made by hand or by a tool that knows
+nothing of them, not someone who can write the folder and recompute them. A key kept outside the folder would
+also refuse every RESULTS folder moved to another machine (where `card` reads the stored probabilities), so the
+limit is stated (README, `eval --help`) instead.
 """
 
 from __future__ import annotations

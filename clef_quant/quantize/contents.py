@@ -11,6 +11,13 @@ and pickles run code when loaded. `quantize` therefore copies only the files a C
 - `joint_schema_model.py`, the release's own code, carried unchanged as the release format documents and listed
   in the manifest's `included` section (clef-quant and clef-vllm never import or run it).
 
+A licence, notice, passenger or card file that would run as code (a `#!` first line, a code suffix) is not
+carried as such: it is left out like any other file unless `--include` names it, so a release always passes its
+own `inspect`. A symlink of the source is followed only to a file inside the source folder (or, for a Hub
+snapshot, inside that repository's cache, where the snapshot's files link to): a release holds files of its
+source, never whatever a link points at elsewhere. Other symlinks are named in a warning and never carried,
+whatever `--include` says.
+
 Every other file of the source, and every `auto_map` (or `custom_pipelines`) key of a JSON file, is left out and
 named in one warning, unless an `--include PATTERN` names it (`fnmatch` on the folder-relative path; an `auto_map`
 key is named `FILE:auto_map`). What is included that way is listed in the manifest's `included` section, which is
@@ -20,6 +27,7 @@ what `inspect` accepts as deliberate: it fails a folder holding code or `auto_ma
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +35,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from clef_quant.documents import parse_json
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
 
@@ -92,9 +101,15 @@ class ReleaseContents:
     included: list[Included] = field(default_factory=list)
     keep_keys: set[str] = field(default_factory=set)  # FILE:KEY entries to keep in the written JSON files
     unused_patterns: list[str] = field(default_factory=list)  # --include patterns that named nothing
+    not_followed: list[str] = field(default_factory=list)  # "NAME -> TARGET" for symlinks never carried
 
     def warnings(self) -> list[str]:
         found = []
+        if self.not_followed:
+            found.append(
+                f"symlinks not followed, never carried ({len(self.not_followed)}: to a folder, or outside the source): "
+                f"{', '.join(self.not_followed)}; copy the file into the source to carry it"
+            )
         if self.left_out:
             found.append(
                 f"left out of the release ({len(self.left_out)}, not part of a Clef release and possibly code): "
@@ -106,12 +121,40 @@ class ReleaseContents:
 
 
 def source_files(source_dir: Path) -> list[str]:
-    """Every regular file of a source folder (symlinks of a Hub snapshot followed), relative POSIX, sorted."""
+    """Every regular file of a source folder, and every symlink to one inside it (or inside the Hub cache of a
+    snapshot), as relative POSIX paths, sorted."""
+    source_dir = Path(source_dir)
+    skipped = set(unfollowed_links(source_dir))
     found = []
-    for path in Path(source_dir).rglob("*"):
-        if path.is_file():
-            found.append(path.relative_to(source_dir).as_posix())
+    for path in source_dir.rglob("*"):
+        name = path.relative_to(source_dir).as_posix()
+        if path.is_file() and name not in skipped:
+            found.append(name)
     return sorted(found)
+
+
+def unfollowed_links(source_dir: Path) -> dict[str, str]:
+    """`{name: target}` for each symlink of a source that quantize does not follow: one to a folder, or to
+    anything outside the folder (outside the repository's cache for a Hub snapshot)."""
+    source_dir = Path(source_dir)
+    root = _link_root(source_dir)
+    links = {}
+    for path in source_dir.rglob("*"):
+        if not path.is_symlink():
+            continue
+        target = path.resolve()
+        if not path.is_file() or not target.is_relative_to(root):
+            links[path.relative_to(source_dir).as_posix()] = os.readlink(path)
+    return links
+
+
+def _link_root(source_dir: Path) -> Path:
+    """Where a source's symlinks may point: the folder itself, or for a Hub snapshot (`models--ORG--NAME/
+    snapshots/REV`) that repository's cache folder, whose `blobs/` hold the snapshot's files."""
+    source_dir = source_dir.resolve()
+    if source_dir.parent.name == "snapshots" and source_dir.parent.parent.name.startswith("models--"):
+        return source_dir.parent.parent
+    return source_dir
 
 
 def _matches(name: str, patterns: Sequence[str], used: set[str] | None = None) -> str | None:
@@ -127,15 +170,16 @@ def plan_contents(source_dir: Path, head_dir: Path, include: Sequence[str] = ())
     at_root = head_dir.resolve() == source_dir.resolve()
     head_prefix = "" if at_root else f"{head_dir.resolve().relative_to(source_dir.resolve()).as_posix()}/"
     contents = ReleaseContents()
+    contents.not_followed = [f"{name} -> {target}" for name, target in sorted(unfollowed_links(source_dir).items())]
     used: set[str] = set()
     for name in source_files(source_dir):
         if REPO_METADATA.match(name) or BACKBONE_OUTPUTS.match(name):
             continue
         if name in (f"{head_prefix}{HEAD_WEIGHTS}", f"{head_prefix}{HEAD_CONFIG}"):
             contents.copies[name] = f"{HEAD_SUBDIR}/{name.rsplit('/', 1)[-1]}"
-        elif name in PASSENGER_FILES or (LICENCE_FILE.match(name) and not is_code_name(name)):
+        elif (name in PASSENGER_FILES or LICENCE_FILE.match(name)) and not runs_once_copied(source_dir / name):
             contents.copies[name] = name
-        elif name == SOURCE_CARD:
+        elif name == SOURCE_CARD and not runs_once_copied(source_dir / name):
             contents.copies[name] = SOURCE_CARD_COPY
         elif name == RELEASE_CODE:
             contents.copies[name] = name
@@ -167,8 +211,8 @@ def _source_of(contents: ReleaseContents, copy: str) -> str:
 def remote_code_keys(path: Path) -> list[str]:
     """The remote-code keys at the top of a JSON file ([] for anything that is not a JSON object)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = parse_json(Path(path).read_bytes(), where=str(path), error=ValueError)
+    except (OSError, ValueError):
         return []
     if not isinstance(data, dict):
         return []
@@ -195,11 +239,17 @@ def is_code_name(name: str) -> bool:
 
 def is_code(path: Path) -> bool:
     """True for a file that runs code when imported, executed or loaded: by suffix, exec bit or a `#!` line."""
+    try:
+        return runs_once_copied(path) or bool(path.stat().st_mode & 0o111)
+    except OSError:
+        return False
+
+
+def runs_once_copied(path: Path) -> bool:
+    """`is_code` for the copy quantize writes, which is 0644 whatever the source's mode: by suffix or `#!` line."""
     if is_code_name(path.name):
         return True
     try:
-        if path.stat().st_mode & 0o111:
-            return True
         with open(path, "rb") as handle:
             return handle.read(2) == b"#!"
     except OSError:

@@ -14,6 +14,7 @@ from clef_quant.quantize.calibration import read_request_bodies
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, load_recipe
 from clef_quant.release import resolve_release
+from clef_quant.release_folder.outputs import check_output
 from clef_vllm.head_files import find_head_dir
 
 if TYPE_CHECKING:  # run.py imports this module; the config class is only needed for annotations
@@ -39,16 +40,20 @@ def bf16_source_config(source_dir: Path, verb: str) -> dict[str, Any]:
     return source_config
 
 
+def _refuse_replacing(out: Path, source_dir: Path) -> None:
+    if out.resolve() == source_dir.resolve() or out.resolve() in source_dir.resolve().parents:
+        raise QuantizeError(f"--out {out} would replace the source {source_dir}")
+
+
 def check_inputs(config: QuantizeConfig) -> CheckedInputs:
     """Everything that can be wrong before the model loads, checked in one go (cheapest first)."""
     out = Path(config.out).expanduser().absolute()
-    if out.exists() and not config.overwrite:
-        raise QuantizeError(f"{out} already exists; pass --overwrite to replace it")
-    if out.exists() and not out.is_dir():
-        raise QuantizeError(f"{out} exists and is not a folder")
+    local_source = Path(config.source).expanduser()
+    if local_source.exists():  # before the output's own checks, whose refusal would say less
+        _refuse_replacing(out, local_source.absolute())
+    check_output(out, "quantize", config.overwrite)
     source_dir = resolve_release(config.source, config.revision).absolute()
-    if out.resolve() == source_dir.resolve() or out.resolve() in source_dir.resolve().parents:
-        raise QuantizeError(f"--out {out} would replace the source {source_dir}")
+    _refuse_replacing(out, source_dir)
     source_config = bf16_source_config(source_dir, "quantize")
     if config.scheme == AUTO_SCHEME:
         if config.scan_file is None:

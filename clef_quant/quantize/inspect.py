@@ -8,7 +8,8 @@ with targets, and an ignore list), cross-checked against the tensors actually st
 - fused groups: modules vLLM fuses into one layer (`in_proj_qkv`+`in_proj_z`, q/k/v, gate/up, b/a) have one
   scheme and, where they carry one, equal `weight_global_scale` tensors;
 - config and tensors agree: every module the config quantizes is stored quantized, and no other is;
-- manifest: `clef_quant.json` present, valid and every sha256 matching; a quantized folder without one fails (it is
+- manifest: `clef_quant.json` present, valid and every sha256 matching, and no symlink anywhere (to a file or a
+  folder: what it points at is no file of the release); a quantized folder without a manifest fails (it is
   unfinished, or clef-quant did not make it), and the other checks still run;
 - code: no file that may run code (`.py`, pickles, shared libraries, scripts, executables) and no `auto_map` key
   unless the manifest lists it as included on purpose (`included`, or the files `card` added);
@@ -22,9 +23,9 @@ noted, not failed (quantize leaves them out).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from clef_quant.documents import parse_json
 from clef_quant.quantize.inspect_checks import (
     check_code,
     check_head,
@@ -64,9 +65,11 @@ def inspect_checkpoint(folder: str | Path, *, verify_hashes: bool = True) -> Ins
     if not config_path.is_file():
         raise CheckpointError(f"{folder} is not a checkpoint folder: it has no config.json")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{config_path} is not valid JSON: {exc.msg}") from None
+        config = parse_json(config_path.read_bytes(), where=str(config_path), error=CheckpointError)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {config_path}: {exc.strerror}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{config_path} is not a model config: a JSON {type(config).__name__}, not an object")
     notes: list[str] = []
     quantization_config = config.get("quantization_config")
     quant_method = (quantization_config or {}).get("quant_method")

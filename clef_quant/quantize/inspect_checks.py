@@ -20,7 +20,7 @@ from clef_quant.quantize.inspect_report import (
 from clef_quant.quantize.recipes import is_kept_bf16
 from clef_quant.quantize.schemes import BF16, fused_groups_of
 from clef_quant.quantize.stored_tensors import StoredTensor, read_tensor
-from clef_quant.release_folder.manifest import MANIFEST_FILE, verify_manifest
+from clef_quant.release_folder.manifest import MANIFEST_FILE, symlinks_in, verify_manifest
 from clef_quant.release_folder.writer import OWNER_FILE, PARTIAL_SUFFIX
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
 
@@ -104,11 +104,16 @@ def check_manifest(
     verify_hashes: bool,
     violations: list[Violation],
 ) -> CheckResult:
+    if manifest is None and error is None and is_source:
+        return CheckResult(CHECK_MANIFEST, "skipped", "a source release has none")
+    links = symlinks_in(folder)
+    for name, target in links.items():
+        violations.append(
+            Violation(CHECK_MANIFEST, name, f"a symlink (to {target}); a release holds regular files only")
+        )
     if error is not None:
         violations.append(Violation(CHECK_MANIFEST, MANIFEST_FILE, error.replace(f"{folder / MANIFEST_FILE} ", "")))
         return CheckResult(CHECK_MANIFEST, "fail", "unreadable manifest")
-    if manifest is None and is_source:
-        return CheckResult(CHECK_MANIFEST, "skipped", "a source release has none")
     if manifest is None:
         violations.append(
             Violation(
@@ -119,9 +124,12 @@ def check_manifest(
             )
         )
         return CheckResult(CHECK_MANIFEST, "fail", f"no {MANIFEST_FILE}")
+    if links:
+        return CheckResult(CHECK_MANIFEST, "fail", f"{len(links)} symlink(s)")
     if not verify_hashes:
         return CheckResult(CHECK_MANIFEST, "skipped", "hash verification turned off")
-    problems = verify_manifest(folder, manifest)
+    # A listed file behind a symlink is reported above, not again as missing.
+    problems = [p for p in verify_manifest(folder, manifest) if p.file not in links]
     for problem in problems:
         violations.append(Violation(CHECK_MANIFEST, problem.file, problem.problem))
     if problems:

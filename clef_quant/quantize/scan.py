@@ -50,6 +50,7 @@ from clef_quant.quantize.scan_file import (
 )
 from clef_quant.quantize.scan_report import write_reports
 from clef_quant.release import resolve_release
+from clef_quant.release_folder.outputs import check_output_folder
 
 # Recipes whose modifiers change nothing but Linear weights and their quantization parameters: a unit can be
 # switched on alone. AWQ also rescales norms, and the hybrid is already a mix.
@@ -136,6 +137,7 @@ def _is_linear(layer_types: list[str], layer: int) -> bool:
 
 
 def _check(config: ScanConfig) -> tuple[Path, dict[str, Any], list[dict], list[dict], ScanSettings]:
+    check_output_folder(Path(config.out))
     bad = [s for s in config.schemes if s not in SCANNABLE]
     if bad:
         raise QuantizeError(

@@ -13,7 +13,6 @@ traceback deep in a later step. Paths must stay inside the folder (no absolute p
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 
 from clef_quant import shipped
+from clef_quant.documents import parse_json
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_quant.release_folder.versions import tool_versions
 from clef_vllm.errors import CheckpointError, first_validation_error
@@ -63,6 +63,20 @@ def folder_files(folder: Path) -> list[str]:
         path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file() and not path.is_symlink()
     ]
     return sorted(f for f in files if f != MANIFEST_FILE)
+
+
+def symlinks_in(folder: Path) -> dict[str, str]:
+    """`{relative path: target}` for every symlink under `folder`, to a file or a folder; linked folders are not
+    entered. A release holds regular files only: a link would make readers (and an upload) read whatever it
+    points at, which no manifest hash covers."""
+    folder = Path(folder)
+    links = {}
+    for parent, dirs, files in os.walk(folder):
+        for name in (*dirs, *files):
+            path = Path(parent) / name
+            if path.is_symlink():
+                links[path.relative_to(folder).as_posix()] = os.readlink(path)
+    return dict(sorted(links.items()))
 
 
 def hash_files(
@@ -189,10 +203,7 @@ class Manifest(BaseModel):
 
 def parse_manifest(text: str, where: str = MANIFEST_FILE) -> dict[str, Any]:
     """Validate a manifest's text; returns it as a dict, or raises ManifestError in one line."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ManifestError(f"{where} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    data = parse_json(text, where=where, error=ManifestError)
     if not isinstance(data, dict):
         raise ManifestError(f"{where} is not a manifest: a JSON {type(data).__name__}, not an object")
     try:

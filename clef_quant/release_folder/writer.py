@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clef_quant.release_folder.errors import ReleaseFolderError
+from clef_quant.release_folder.outputs import check_replaceable
 
 PARTIAL_SUFFIX = ".partial"
 OWNER_FILE = ".clef_quant_writer"
@@ -47,7 +48,7 @@ class Writer:
     def parse(cls, text: str) -> Writer | None:
         try:
             data = json.loads(text)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # a marker nested too deep is no marker
             return None
         if isinstance(data, int) and data > 0:  # a bare PID
             return cls(data, None, None, socket.gethostname())
@@ -144,17 +145,20 @@ def claim(partial: Path, *, command: str, out: Path | None = None, overwrite: bo
 
     `out`, when given, is the folder `partial` will become: it must not exist unless `overwrite`. `command` names
     the kind of run in messages ("quantize", "make-tiny", ...)."""
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    with folder_lock(partial.parent):
-        if out is not None and out.exists() and not overwrite:
-            raise ReleaseFolderError(f"{out} already exists; pass --overwrite to replace it")
-        if partial.exists() or partial.is_symlink():
-            _reclaim(partial, command)
-        partial.mkdir()
-        marker = partial / OWNER_FILE
-        tmp = partial / f"{OWNER_FILE}.tmp"
-        tmp.write_text(this_writer().to_json(), encoding="utf-8")
-        os.replace(tmp, marker)  # the marker is whole or absent, never half written
+    try:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        with folder_lock(partial.parent):
+            if out is not None:
+                check_replaceable(out, command, overwrite)
+            if partial.exists() or partial.is_symlink():
+                _reclaim(partial, command)
+            partial.mkdir()
+            marker = partial / OWNER_FILE
+            tmp = partial / f"{OWNER_FILE}.tmp"
+            tmp.write_text(this_writer().to_json(), encoding="utf-8")
+            os.replace(tmp, marker)  # the marker is whole or absent, never half written
+    except OSError as exc:  # a parent that is a regular file, a read-only disk, /proc
+        raise ReleaseFolderError(f"cannot create {partial}: {exc.strerror or exc}") from None
 
 
 def _reclaim(partial: Path, command: str) -> None:

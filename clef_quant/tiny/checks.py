@@ -10,6 +10,8 @@ import torch
 
 from clef_quant.devices import device_problem, is_cuda
 from clef_quant.formatting import gib
+from clef_quant.release_folder.errors import ReleaseFolderError
+from clef_quant.release_folder.outputs import check_output
 from clef_quant.tiny.backbone_config import backbone_config, meta_model, placeholder_ids
 from clef_quant.tiny.sizes import SIZES, Size
 from clef_quant.tiny.weights import plan_shards
@@ -34,13 +36,10 @@ def check_request(out_dir: Path, size: str, seed: int, device: str, overwrite: b
     device_refusal = device_problem(device)
     if device_refusal is not None:
         problems.append(device_refusal)
-    if out_dir.exists():
-        if not overwrite:
-            problems.append(f"{out_dir} already exists; pass --overwrite to replace it")
-        elif out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "config.json").is_file():
-            # Guard against `--overwrite` pointed at the wrong folder: only replace something that looks like
-            # a checkpoint.
-            problems.append(f"{out_dir} is not a checkpoint folder (no config.json); refusing to replace it")
+    try:
+        check_output(out_dir, "make-tiny", overwrite)
+    except ReleaseFolderError as exc:
+        problems.append(str(exc))
     if spec is not None and not problems:
         problems.extend(_resource_problems(out_dir, spec, device))
     if problems:

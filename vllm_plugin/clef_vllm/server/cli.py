@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from dataclasses import replace
@@ -43,6 +44,17 @@ def refuse(message: str) -> NoReturn:
     raise SystemExit(USAGE_EXIT)
 
 
+def finite_float(text: str) -> float:
+    """A float flag's value: `nan` and `inf` parse as floats but pass no bound check and size nothing."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
 class _OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         refuse(message)
@@ -64,23 +76,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' (or set {API_KEY_ENV})")
     parser.add_argument(
-        "--max-body-mb", type=float, default=13.0, help="larger bodies get 413; counted after decompression (13)"
+        "--max-body-mb", type=finite_float, default=13.0, help="larger bodies get 413; counted after decompression (13)"
     )
     limits = ConnectionLimits()
     parser.add_argument(
         "--header-timeout",
-        type=float,
+        type=finite_float,
         default=limits.header_timeout,
         help=f"seconds for a request's headers to arrive, else 408 and close ({limits.header_timeout:g})",
     )
     parser.add_argument(
         "--body-timeout",
-        type=float,
+        type=finite_float,
         default=limits.body_timeout,
         help=f"seconds for a request's whole body to arrive, else 408 and close ({limits.body_timeout:g})",
     )
     parser.add_argument(
-        "--idle-timeout", type=float, default=5.0, help="seconds an idle keep-alive connection stays open (5)"
+        "--idle-timeout", type=finite_float, default=5.0, help="seconds an idle keep-alive connection stays open (5)"
     )
     parser.add_argument(
         "--max-connections",
