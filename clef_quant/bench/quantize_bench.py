@@ -23,6 +23,7 @@ of plain per scheme; FP8_DYNAMIC end to end under 120 s; peak host memory under 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -33,9 +34,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clef_quant.formatting import binary_size, decimal_size
+from clef_quant.formatting import binary_size, decimal_size, utc_timestamp
 from clef_quant.quantize.measure import peak_gpu_bytes, peak_host_bytes
 from clef_quant.quantize.release_files import backbone_bytes
+from clef_quant.release_folder.versions import tool_versions
 
 if TYPE_CHECKING:
     from clef_quant.quantize.run import QuantizeResult
@@ -222,6 +224,9 @@ def compare(
         "records": records,
         "max_seq_len": max_seq_len,
         "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "date": utc_timestamp(),
+        "versions": tool_versions(),
         "schemes": {},
     }
     for scheme in schemes:
@@ -275,7 +280,8 @@ def render_markdown(results: dict[str, Any], command: str) -> str:
     lines = [
         f"# `clef-quant quantize` against plain llm-compressor on `{Path(results['source']).name}`",
         "",
-        f"- host: {results['host']}, device {results['device']}",
+        f"- host: {results['host']} ({results.get('cpus')} CPUs), device {results['device']}, {results.get('date')}",
+        "- versions: " + ", ".join(f"{name} {version}" for name, version in results.get("versions", {}).items()),
         f"- command: `{command}`",
         f"- calibration: {results['records']} records of at most {results['max_seq_len']} tokens (schemes that "
         f"calibrate); bf16 backbone {decimal_size(results['bf16_backbone_bytes'])}",
