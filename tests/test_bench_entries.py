@@ -58,7 +58,14 @@ def test_against_plain_measures_both_sides_in_their_own_processes(tiny_dir: Path
     assert results["device"] == "cpu" and results["source"] == str(tiny_dir)
     assert list(results["schemes"]) == ["fp8-dynamic"]
     sides = results["schemes"]["fp8-dynamic"]
-    for side in ("plain", "clef"):
+    # fp8-dynamic streams: plain model_free_ptq and clef-quant --no-streaming run beside the two.
+    assert {"plain", "model-free", "clef-oneshot", "clef"} <= set(sides)
+    assert (sides["clef"]["path"], sides["clef-oneshot"]["path"]) == ("streaming", "oneshot")
+    assert "model_free_ptq" in sides["model-free"]["seconds"]
+    assert sides["model_free_ratio"] == pytest.approx(
+        sides["clef"]["process_wall_seconds"] / sides["model-free"]["process_wall_seconds"]
+    )
+    for side in ("plain", "model-free", "clef-oneshot", "clef"):
         run = sides[side]
         assert 0 < run["seconds"]["total"] <= run["process_wall_seconds"]
         assert run["peak_host_bytes"] > 0 and run["peak_gpu_bytes"] is None  # no GPU peak on a CPU
@@ -69,6 +76,7 @@ def test_against_plain_measures_both_sides_in_their_own_processes(tiny_dir: Path
         sides["clef"]["process_wall_seconds"] / sides["plain"]["process_wall_seconds"]
     )
     assert "| fp8-dynamic | plain |" in out.with_suffix(".md").read_text()
+    assert "| fp8-dynamic | clef (streaming) |" in out.with_suffix(".md").read_text()
     assert not any((tmp_path / "work").iterdir())  # each side's output is removed once measured
 
 

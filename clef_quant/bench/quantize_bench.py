@@ -3,11 +3,16 @@
 Each measurement runs in its own process, so peak resident memory belongs to that run alone. "plain" is what a
 user of llm-compressor writes: load the model from disk, `oneshot` with the same recipe (and, for the NVFP4
 family, the same calibration token ids), `save_pretrained(save_compressed=True)`. "clef" is `clef-quant
-quantize` end to end (load, plan, calibrate, save, copy head and tokenizer, hash, manifest, rename).
+quantize` end to end as a user runs it (plan, quantize, save, copy head and tokenizer, hash, manifest, rename):
+for the data-free schemes that is the streaming path. For those, two more sides run: "model-free" is plain
+`model_free_ptq` on the backbone's files with the ignore list the streaming path uses (it cannot read a Clef
+folder as it is), and "clef-oneshot" is `clef-quant quantize --no-streaming`.
 
     clef-quant bench quantize --against-plain --model /scratch/flash --work /scratch/bench --device cuda \\
         --scheme fp8-dynamic --scheme nvfp4 --calibration-records 512 --max-seq-len 2048 \\
         --out bench/results/quantize-h200.json
+    clef-quant bench quantize --against-plain --model /scratch/flash --work /scratch/bench --device cpu \
+        --scheme fp8-dynamic --out bench/results/quantize-h200-cpu.json   # the same machine's CPUs only
 
 The JSON results hold every stage's seconds, the peaks, the ratios clef/plain and the goals (clef within 1.3x
 of plain per scheme; FP8_DYNAMIC end to end under 120 s; peak host memory under 1.3x the bf16 size);
@@ -18,6 +23,7 @@ of plain per scheme; FP8_DYNAMIC end to end under 120 s; peak host memory under 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -28,9 +34,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clef_quant.formatting import binary_size, decimal_size
+from clef_quant.formatting import binary_size, decimal_size, utc_timestamp
 from clef_quant.quantize.measure import peak_gpu_bytes, peak_host_bytes
 from clef_quant.quantize.release_files import backbone_bytes
+from clef_quant.release_folder.versions import tool_versions
 
 if TYPE_CHECKING:
     from clef_quant.quantize.run import QuantizeResult
@@ -38,8 +45,10 @@ if TYPE_CHECKING:
 GOAL_RATIO = 1.3
 GOAL_FP8_SECONDS = 120.0
 GOAL_HOST_RATIO = 1.3
+GOAL_STREAMING_RATIO = 1.3  # the streaming path against plain model_free_ptq
 DEFAULT_SCHEMES = ("fp8-dynamic", "nvfp4")
-SIDES = ("plain", "clef")  # measured in this order
+SIDES = ("plain", "clef")  # measured in this order for every scheme
+STREAMING_SIDES = ("plain", "model-free", "clef-oneshot", "clef")  # for the schemes that stream by default
 
 
 def _peaks(device: str) -> dict[str, int | None]:
@@ -82,6 +91,44 @@ def run_plain(source: Path, out: Path, scheme: str, records: int, max_seq_len: i
     return {"seconds": seconds, **_peaks(device)}
 
 
+def run_model_free(
+    source: Path, out: Path, scheme: str, ignore: Sequence[str], device: str, view: Path
+) -> dict[str, Any]:
+    """Plain `model_free_ptq` with the recipe's config and `ignore`, on `view`: the backbone's own files only."""
+    started = time.perf_counter()
+    from llmcompressor import model_free_ptq
+
+    from clef_quant.quantize.plan import parse_recipe
+    from clef_quant.quantize.recipes import load_recipe
+
+    seconds: dict[str, float] = {"imports": time.perf_counter() - started}
+    config = json.loads((source / "config.json").read_text())
+    resolved = parse_recipe(load_recipe(scheme, None, config).text).modifiers[0].resolved_config
+    mark = time.perf_counter()
+    model_free_ptq(view, out, config=resolved.model_copy(update={"ignore": []}), ignore=list(ignore), device=device)
+    seconds["model_free_ptq"] = time.perf_counter() - mark
+    seconds["total"] = time.perf_counter() - started
+    return {"seconds": seconds, **_peaks(device)}
+
+
+def model_free_inputs(source: Path, scheme: str, view: Path) -> list[str] | None:
+    """For a scheme that streams by default: the ignore list the streaming path gives model-free PTQ, and `view`
+    filled with links to the backbone's files (config, index, shards); None for any other scheme."""
+    from clef_quant.quantize.plan import parse_recipe
+    from clef_quant.quantize.recipes import load_recipe
+    from clef_quant.quantize.streaming import INDEX_FILE, STREAMING_DEFAULT_SCHEMES, plan_streaming
+
+    if scheme not in STREAMING_DEFAULT_SCHEMES:
+        return None
+    config = json.loads((source / "config.json").read_text())
+    splan = plan_streaming(source, config, parse_recipe(load_recipe(scheme, None, config).text))
+    shutil.rmtree(view, ignore_errors=True)
+    view.mkdir(parents=True)
+    for name in ["config.json", *splan.source.shards, *([INDEX_FILE] if (source / INDEX_FILE).is_file() else [])]:
+        (view / name).symlink_to((source / name).resolve())
+    return list(splan.model_free_config.ignore)
+
+
 def quantize_into(
     source: Path,
     out: Path,
@@ -90,6 +137,7 @@ def quantize_into(
     calibration_records: int,
     max_seq_len: int,
     device: str = "cpu",
+    streaming: bool | None = None,
     **auto: Any,
 ) -> QuantizeResult:
     """`clef-quant quantize` end to end into `out` (replaced if there), as every quantize benchmark measures it;
@@ -104,16 +152,21 @@ def quantize_into(
         max_seq_len=max_seq_len,
         device=device,
         overwrite=True,
+        streaming=streaming,
         **auto,
     )
     return quantize(config)
 
 
-def run_clef(source: Path, out: Path, scheme: str, records: int, max_seq_len: int, device: str) -> dict[str, Any]:
+def run_clef(
+    source: Path, out: Path, scheme: str, records: int, max_seq_len: int, device: str, streaming: bool | None = None
+) -> dict[str, Any]:
     started = time.perf_counter()
-    result = quantize_into(source, out, scheme, calibration_records=records, max_seq_len=max_seq_len, device=device)
+    result = quantize_into(
+        source, out, scheme, calibration_records=records, max_seq_len=max_seq_len, device=device, streaming=streaming
+    )
     seconds = {**result.timings, "total": time.perf_counter() - started}
-    return {"seconds": seconds, **_peaks(device), "calibration": result.calibration.to_dict()}
+    return {"seconds": seconds, **_peaks(device), "calibration": result.calibration.to_dict(), "path": result.path}
 
 
 @dataclass(frozen=True)
@@ -127,6 +180,8 @@ class SideJob:
     records: int
     max_seq_len: int
     device: str
+    ignore: list[str] | None = None  # model-free: the ignore list
+    view: str | None = None  # model-free: the folder of links to the backbone's files
 
 
 class SideFailed(RuntimeError):
@@ -169,14 +224,30 @@ def compare(
         "records": records,
         "max_seq_len": max_seq_len,
         "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "date": utc_timestamp(),
+        "versions": tool_versions(),
         "schemes": {},
     }
     for scheme in schemes:
+        view = work / "model-free-source"
+        ignore = model_free_inputs(source, scheme, view)
         measured = {}
-        for side in SIDES:
-            on_stage(f"{scheme}: {'plain llm-compressor' if side == 'plain' else 'clef-quant quantize'}")
-            job = SideJob(side, str(source), str(work / f"{side}-{scheme}"), scheme, records, max_seq_len, device)
+        for side in SIDES if ignore is None else STREAMING_SIDES:
+            on_stage(f"{scheme}: {SIDE_NAMES[side]}")
+            job = SideJob(
+                side,
+                str(source),
+                str(work / f"{side}-{scheme}"),
+                scheme,
+                records,
+                max_seq_len,
+                device,
+                ignore=ignore if side == "model-free" else None,
+                view=str(view) if side == "model-free" else None,
+            )
             measured[side] = _run_side(job)
+        shutil.rmtree(view, ignore_errors=True)
         plain, clef = measured["plain"], measured["clef"]
         ratio = clef["process_wall_seconds"] / plain["process_wall_seconds"]
         goals = {
@@ -185,8 +256,23 @@ def compare(
         }
         if scheme == "fp8-dynamic":
             goals[f"end to end under {GOAL_FP8_SECONDS:.0f} s"] = clef["seconds"]["total"] <= GOAL_FP8_SECONDS
-        results["schemes"][scheme] = {"plain": plain, "clef": clef, "wall_ratio": ratio, "goals": goals}
+        entry = {**measured, "wall_ratio": ratio, "goals": goals}
+        if "model-free" in measured:
+            streaming_ratio = clef["process_wall_seconds"] / measured["model-free"]["process_wall_seconds"]
+            entry["model_free_ratio"] = streaming_ratio
+            goals[f"streaming within {GOAL_STREAMING_RATIO}x of model_free_ptq"] = (
+                streaming_ratio <= GOAL_STREAMING_RATIO
+            )
+        results["schemes"][scheme] = entry
     return results
+
+
+SIDE_NAMES = {
+    "plain": "plain llm-compressor (oneshot)",
+    "model-free": "plain model_free_ptq",
+    "clef-oneshot": "clef-quant quantize --no-streaming",
+    "clef": "clef-quant quantize",
+}
 
 
 def render_markdown(results: dict[str, Any], command: str) -> str:
@@ -194,7 +280,8 @@ def render_markdown(results: dict[str, Any], command: str) -> str:
     lines = [
         f"# `clef-quant quantize` against plain llm-compressor on `{Path(results['source']).name}`",
         "",
-        f"- host: {results['host']}, device {results['device']}",
+        f"- host: {results['host']} ({results.get('cpus')} CPUs), device {results['device']}, {results.get('date')}",
+        "- versions: " + ", ".join(f"{name} {version}" for name, version in results.get("versions", {}).items()),
         f"- command: `{command}`",
         f"- calibration: {results['records']} records of at most {results['max_seq_len']} tokens (schemes that "
         f"calibrate); bf16 backbone {decimal_size(results['bf16_backbone_bytes'])}",
@@ -203,17 +290,19 @@ def render_markdown(results: dict[str, Any], command: str) -> str:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for scheme, both in results["schemes"].items():
-        for side in SIDES:
+        for side in (side for side in STREAMING_SIDES if side in both):
             run = both[side]
+            label = f"{side} ({run['path']})" if "path" in run else side
             lines.append(
-                f"| {scheme} | {side} | {run['seconds']['total']:.1f} | {run['process_wall_seconds']:.1f} | "
+                f"| {scheme} | {label} | {run['seconds']['total']:.1f} | {run['process_wall_seconds']:.1f} | "
                 f"{binary_size(run['peak_host_bytes'])} | {binary_size(run['peak_gpu_bytes']) or '—'} | "
                 f"{decimal_size(run['out_bytes'])} |"
             )
     lines += ["", "Process wall: the side's process from start to exit; the ratio clef/plain uses it.", ""]
     for scheme, both in results["schemes"].items():
         met = ", ".join(f"{goal}: {'yes' if ok else 'no'}" for goal, ok in both["goals"].items())
-        lines.append(f"- {scheme}: clef/plain {both['wall_ratio']:.2f}x; {met}")
+        versus = f", clef/model-free {both['model_free_ratio']:.2f}x" if "model_free_ratio" in both else ""
+        lines.append(f"- {scheme}: clef/plain {both['wall_ratio']:.2f}x{versus}; {met}")
     return "\n".join(lines) + "\n"
 
 
@@ -222,8 +311,14 @@ def _child_main(argv: list[str]) -> None:
     if len(argv) != 2 or argv[0] != "--child":
         raise SystemExit("internal entry of `clef-quant bench quantize --against-plain`; run that command instead")
     job = SideJob(**json.loads(argv[1]))
-    run = run_plain if job.side == "plain" else run_clef
-    print(json.dumps(run(Path(job.source), Path(job.out), job.scheme, job.records, job.max_seq_len, job.device)))
+    source, out = Path(job.source), Path(job.out)
+    if job.side == "model-free":
+        measured = run_model_free(source, out, job.scheme, job.ignore or [], job.device, Path(job.view or ""))
+    else:
+        run = run_plain if job.side == "plain" else run_clef
+        extra = {"streaming": False} if job.side == "clef-oneshot" else {}
+        measured = run(source, out, job.scheme, job.records, job.max_seq_len, job.device, **extra)
+    print(json.dumps(measured))
 
 
 if __name__ == "__main__":

@@ -252,7 +252,8 @@ def quantize(
         typer.Option(
             "--against-plain",
             help="Compare with plain llm-compressor instead: wall time and peak host and GPU memory per scheme, "
-            "each side in its own process.",
+            "each side in its own process; schemes that stream also against plain model_free_ptq and "
+            "--no-streaming.",
         ),
     ] = False,
     data: Annotated[
@@ -384,4 +385,11 @@ def _against_plain(
             f"({both['wall_ratio']:.2f}x); peak host clef {binary_size(clef['peak_host_bytes'])}, "
             f"plain {binary_size(plain['peak_host_bytes'])}"
         )
+        if "model-free" in both:
+            free, loaded = both["model-free"], both["clef-oneshot"]
+            typer.echo(
+                f"  plain model_free_ptq {free['process_wall_seconds']:.1f} s ({both['model_free_ratio']:.2f}x), "
+                f"clef --no-streaming {loaded['process_wall_seconds']:.1f} s; peak host "
+                f"{binary_size(free['peak_host_bytes'])} and {binary_size(loaded['peak_host_bytes'])}"
+            )
     typer.echo(f"wrote {json_path} and {markdown}")

@@ -53,6 +53,15 @@ def quantize(
             "FILE:auto_map keeps that key). Repeatable; what may run code is listed in the manifest.",
         ),
     ] = None,
+    streaming: Annotated[
+        bool | None,
+        typer.Option(
+            "--streaming/--no-streaming",
+            help="Quantize shard by shard without loading the model (data-free recipes only). Default: on for "
+            "fp8-dynamic, fp8-block and nvfp4a16, whose output is bit-identical to the loaded model's.",
+            show_default=False,
+        ),
+    ] = None,
     revision: RevisionOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llm-compressor's own logs.")] = False,
     scan_file: Annotated[
@@ -75,6 +84,7 @@ def quantize(
       clef-quant quantize artifacts/tiny --scheme nvfp4 --calibration-records 16 --out artifacts/tiny-NVFP4
       clef-quant quantize Cloudflare/clef-flash --scheme nvfp4 --calibration calib.jsonl --device cuda -o flash-NVFP4
       clef-quant quantize artifacts/tiny --scheme auto --scan artifacts/scan/scan.json --max-kl 0.01 -o tiny-AUTO
+      clef-quant quantize artifacts/tiny --scheme fp8-dynamic --no-streaming -o tiny-FP8  # load the model
     """
     if scheme is None and recipe_file is None:
         raise fail("give --scheme or --recipe", hint=f"--scheme is one of {', '.join(QUANTIZE_SCHEMES)}")
@@ -143,6 +153,7 @@ def _print_summary(console: Console, result: Any) -> None:
     table.add_column()
     ratio = result.out_bytes / result.source_bytes if result.source_bytes else 0
     table.add_row("scheme", result.scheme)
+    table.add_row("path", "streaming, shard by shard" if result.path == "streaming" else "model loaded (oneshot)")
     table.add_row(
         "backbone size", f"{binary_size(result.source_bytes)} -> {binary_size(result.out_bytes)} ({ratio:.0%} of bf16)"
     )

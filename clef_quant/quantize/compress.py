@@ -23,15 +23,22 @@ def load_tokenizer(source_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(source_dir)
 
 
-def load_model(source_dir: Path, source_config: dict[str, Any], device: str) -> Any:
-    """The backbone class `config.json` names, in bf16, on `device`, in eval mode."""
-    import torch
+def backbone_class(source_config: dict[str, Any]) -> Any:
+    """The transformers class `config.json`'s `architectures` names."""
     import transformers
 
     architectures = source_config.get("architectures") or []
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     if model_class is None:
         raise QuantizeError(f"config.json names no transformers architecture ({architectures or 'none'})")
+    return model_class
+
+
+def load_model(source_dir: Path, source_config: dict[str, Any], device: str) -> Any:
+    """The backbone class `config.json` names, in bf16, on `device`, in eval mode."""
+    import torch
+
+    model_class = backbone_class(source_config)
     # The release is bf16 and serving runs bf16; the GPU path loads straight onto the device, as plain
     # llm-compressor does, so FP8_DYNAMIC computes its scales there.
     model = model_class.from_pretrained(

@@ -34,3 +34,32 @@ def fused_global_scales(*groups: Sequence[str]) -> Iterator[list[tuple[str, ...]
         yield fused
     finally:
         fused[:] = saved
+
+
+# The same pair for llm-compressor's model-free path, which finds fused weights by tensor name: a primary pattern
+# whose shard job also loads the partners (so both share one global scale even across shards), and the set that
+# is observed together.
+_QKVZ_PRIMARY = r"^(?P<prefix>.+?)\.linear_attn\.in_proj_qkv\.weight$"
+_QKVZ_PARTNERS = [r"{prefix}.linear_attn.in_proj_z.weight"]
+_QKVZ_SET = [r"re:.*linear_attn\.in_proj_qkv\.weight$", r"re:.*linear_attn\.in_proj_z\.weight$"]
+
+
+@contextmanager
+def model_free_fused_global_scales() -> Iterator[None]:
+    """Add the qkv/z pair to model-free PTQ's fused mappings while the block runs; restored on exit.
+
+    `ModelFreePtqConverter` reads both tables at call time, so in-place changes reach it; nothing installed is
+    edited."""
+    from llmcompressor.entrypoints.model_free import microscale
+
+    mappings, sets = microscale.DEFAULT_FUSED_MAPPINGS, microscale._DEFAULT_FUSED_MAPPINGS_LIST
+    saved_mappings, saved_sets = dict(mappings), list(sets)
+    mappings.setdefault(_QKVZ_PRIMARY, list(_QKVZ_PARTNERS))
+    if _QKVZ_SET not in sets:
+        sets.append(list(_QKVZ_SET))
+    try:
+        yield
+    finally:
+        mappings.clear()
+        mappings.update(saved_mappings)
+        sets[:] = saved_sets

@@ -6,6 +6,7 @@ import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from clef_quant.devices import is_cuda
 
@@ -21,7 +22,16 @@ def timed(timings: dict[str, float], name: str) -> Iterator[None]:
 
 
 def peak_host_bytes() -> int:
-    """Peak resident memory of this process so far (Linux reports kilobytes)."""
+    """Peak resident memory of this process so far.
+
+    Linux's VmHWM belongs to this program alone; `ru_maxrss` survives exec, so a process started from a large
+    one (a benchmark's parent, a test runner) would report its parent's size as its own peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

@@ -8,6 +8,11 @@ into `DIR.partial`; copy what the allowlist of `contents` names (head into `clef
 chat template, generation config, licences, the source card, `joint_schema_model.py`) and nothing else, without
 `auto_map` keys; write the manifest last; then every file is set to 0644 and `DIR.partial` renamed to `DIR`.
 
+Data-free schemes (`streaming.STREAMING_DEFAULT_SCHEMES`, or any data-free recipe with `streaming=True`) take
+the streaming path instead of loading, calibrating and saving: the same plan made on the meta device, then the
+backbone quantized shard by shard (`streaming`), each shard hashed as it is written. Everything after the
+backbone (copy, manifest, publish) is the same for both paths.
+
 The output is written through `release_folder.staged_folder`: any failure, Ctrl-C or SIGTERM removes
 `DIR.partial`, so an interrupted run leaves neither folder, and a `.partial` another live run writes is never
 touched. (SIGKILL cannot be caught: its leftover `DIR.partial` is removed by the next run, once its writer is
@@ -31,16 +36,25 @@ from clef_quant.quantize import progress as tasks
 from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN, CalibrationSummary, as_dataloader, build_calibration
 from clef_quant.quantize.compress import load_model, load_tokenizer, run_oneshot
 from clef_quant.quantize.contents import ReleaseContents, plan_contents
+from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inputs import check_inputs
 from clef_quant.quantize.measure import peak_gpu_bytes, peak_host_bytes, timed
 from clef_quant.quantize.plan import QuantPlan, parse_recipe, plan_quantization, recipe_needs_calibration
 from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe
 from clef_quant.quantize.release_files import backbone_bytes, copy_release_files
+from clef_quant.quantize.streaming import (
+    STREAMING_DEFAULT_SCHEMES,
+    NotStreamable,
+    StreamingPlan,
+    plan_streaming,
+    stream_quantize,
+)
 from clef_quant.release_folder.manifest import build_manifest, folder_files, write_manifest
 from clef_quant.release_folder.staged import staged_folder
 from clef_quant.release_folder.writer import OWNER_FILE
 
-# What `on_stage` is told, in order ("calibrating" only for schemes that calibrate).
+# What `on_stage` is told, in order ("calibrating" only for schemes that calibrate; on the streaming path
+# "loaded" means the plan is made on the model's definition and "saved" that every shard is written).
 STAGES = ("checked", "claimed", "loaded", "calibrating", "saved", "copied", "hashed", "published")
 StageHook = Callable[[str], None]
 
@@ -60,6 +74,8 @@ class QuantizeConfig:
     overwrite: bool = False
     revision: str | None = None
     include: tuple[str, ...] = ()  # fnmatch patterns of source files (or FILE:auto_map) to carry on purpose
+    # shard by shard without loading the model: None = for the data-free schemes where it is exact
+    streaming: bool | None = None
     # --scheme auto: the scan to choose from and exactly one target (see quantize/auto.py)
     scan_file: Path | None = None
     max_kl: float | None = None
@@ -78,6 +94,7 @@ class QuantizeResult:
     peak_gpu_bytes: int | None
     source_bytes: int  # backbone weights of the source
     out_bytes: int  # backbone weights written
+    path: str = "oneshot"  # how the backbone was quantized: "oneshot" (model loaded) or "streaming"
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -145,8 +162,74 @@ def _run(job: _Job, partial: Path) -> QuantizeResult:
         tokenizer = load_tokenizer(source_dir)
 
     calibration = CalibrationSummary.unused(config.max_seq_len)
-    dataloader = None
     notes: list[str] = []
+    hashed: dict[str, dict[str, Any]] = {}
+    with timed(timings, "plan"):
+        streaming = _streaming_plan(job, recipe_obj, notes)
+    if streaming is not None:
+        if config.calibration_file is not None or config.calibration_records is not None:
+            notes.append("this scheme needs no calibration data; --calibration/--calibration-records unused")
+        left = len(streaming.left_out)
+        if left:
+            notes.append(f"{left} checkpoint tensor(s) the model does not define left out, as loading it would")
+        job.on_stage("loaded")
+        plan = streaming.plan
+        with timed(timings, "quantize"):
+            hashed = stream_quantize(streaming, source_dir, partial, device, progress)
+            recipe_obj.yaml(file_path=str(partial / "recipe.yaml"))  # what oneshot's save_pretrained writes
+        job.on_stage("saved")
+    else:
+        del timings["plan"]
+        plan, calibration = _oneshot(job, partial, recipe_obj, needs_calibration, tokenizer, notes)
+
+    with timed(timings, "copy"):
+        copy_release_files(source_dir, job.contents, partial)
+    job.on_stage("copied")
+
+    with timed(timings, "manifest"):
+        names = [name for name in folder_files(partial) if name != OWNER_FILE]
+        progress.start(tasks.COPYING, len(names))
+        timings["total"] = time.perf_counter() - job.started  # the manifest holds the time up to hashing
+        manifest = build_manifest(
+            partial,
+            source=_source_entry(config, source_dir),
+            scheme=recipe.scheme,
+            recipe=_recipe_entry(recipe),
+            calibration=calibration.to_dict(),
+            run=_run_entry(config, device, timings, "streaming" if streaming is not None else "oneshot"),
+            included=[entry.to_dict() for entry in job.contents.included],
+            exclude=(OWNER_FILE,),
+            on_hashed=lambda _name: progress.advance(tasks.COPYING),
+            hashed=hashed,
+        )
+        write_manifest(partial, manifest)
+        progress.finish(tasks.COPYING)
+    job.on_stage("hashed")
+
+    return QuantizeResult(
+        out=job.out,
+        scheme=recipe.scheme,
+        plan=plan,
+        calibration=calibration,
+        manifest=manifest,
+        timings=timings,
+        peak_host_bytes=peak_host_bytes(),
+        peak_gpu_bytes=peak_gpu_bytes(device),
+        source_bytes=backbone_bytes(source_dir),
+        out_bytes=backbone_bytes(partial),
+        path="streaming" if streaming is not None else "oneshot",
+        notes=notes,
+        warnings=job.contents.warnings(),
+    )
+
+
+def _oneshot(
+    job: _Job, partial: Path, recipe_obj: Any, needs_calibration: bool, tokenizer: Any, notes: list[str]
+) -> tuple[QuantPlan, CalibrationSummary]:
+    """Load the backbone, quantize it with `oneshot` (calibrating when the recipe needs it) and save it."""
+    config, progress, timings, recipe = job.config, job.progress, job.timings, job.recipe
+    dataloader = None
+    calibration = CalibrationSummary.unused(config.max_seq_len)
     if needs_calibration:
         # Encoded before the model loads: bad or unusable records fail in seconds, not after a 20 GB load.
         with timed(timings, "encode_calibration"):
@@ -164,7 +247,7 @@ def _run(job: _Job, partial: Path) -> QuantizeResult:
 
     with timed(timings, "load"):
         progress.start(tasks.LOADING)
-        model = load_model(source_dir, job.source_config, device)
+        model = load_model(job.source_dir, job.source_config, config.device)
         progress.finish(tasks.LOADING)
     job.on_stage("loaded")
 
@@ -181,44 +264,22 @@ def _run(job: _Job, partial: Path) -> QuantizeResult:
         progress.finish(tasks.SAVING)
     del model
     job.on_stage("saved")
+    return plan, calibration
 
-    with timed(timings, "copy"):
-        copy_release_files(source_dir, job.contents, partial)
-    job.on_stage("copied")
 
-    with timed(timings, "manifest"):
-        names = [name for name in folder_files(partial) if name != OWNER_FILE]
-        progress.start(tasks.COPYING, len(names))
-        timings["total"] = time.perf_counter() - job.started  # the manifest holds the time up to hashing
-        manifest = build_manifest(
-            partial,
-            source=_source_entry(config, source_dir),
-            scheme=recipe.scheme,
-            recipe=_recipe_entry(recipe),
-            calibration=calibration.to_dict(),
-            run=_run_entry(config, device, timings),
-            included=[entry.to_dict() for entry in job.contents.included],
-            exclude=(OWNER_FILE,),
-            on_hashed=lambda _name: progress.advance(tasks.COPYING),
-        )
-        write_manifest(partial, manifest)
-        progress.finish(tasks.COPYING)
-    job.on_stage("hashed")
-
-    return QuantizeResult(
-        out=job.out,
-        scheme=recipe.scheme,
-        plan=plan,
-        calibration=calibration,
-        manifest=manifest,
-        timings=timings,
-        peak_host_bytes=peak_host_bytes(),
-        peak_gpu_bytes=peak_gpu_bytes(device),
-        source_bytes=backbone_bytes(source_dir),
-        out_bytes=backbone_bytes(partial),
-        notes=notes,
-        warnings=job.contents.warnings(),
-    )
+def _streaming_plan(job: _Job, recipe_obj: Any, notes: list[str]) -> StreamingPlan | None:
+    """The streaming plan when this run streams (`streaming` asked, or by default for the schemes where it is
+    exact), else None; `--streaming` on a recipe that cannot stream exactly is an error saying why."""
+    wanted = job.config.streaming
+    if wanted is False or (wanted is None and job.recipe.scheme not in STREAMING_DEFAULT_SCHEMES):
+        return None
+    try:
+        return plan_streaming(job.source_dir, job.source_config, recipe_obj)
+    except NotStreamable as exc:
+        if wanted:
+            raise QuantizeError(f"--streaming: this cannot be quantized without loading the model: {exc}") from None
+        notes.append(f"quantized with the model loaded ({exc})")
+        return None
 
 
 # -- manifest entries ------------------------------------------------------------------------------------------
@@ -236,9 +297,10 @@ def _recipe_entry(recipe: Recipe) -> dict[str, Any]:
     return {"file": str(recipe.path), "text": recipe.text, "variables": recipe.variables}
 
 
-def _run_entry(config: QuantizeConfig, device: str, timings: dict[str, float]) -> dict[str, Any]:
+def _run_entry(config: QuantizeConfig, device: str, timings: dict[str, float], path: str) -> dict[str, Any]:
     return {
         "device": device,
+        "path": path,
         "created": utc_timestamp(),
         "seconds": {k: round(v, 3) for k, v in timings.items()},
         "peak_host_bytes": peak_host_bytes(),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,14 +80,19 @@ def symlinks_in(folder: Path) -> dict[str, str]:
 
 
 def hash_files(
-    folder: Path, names: Iterable[str], on_done: Callable[[str], None] | None = None
+    folder: Path,
+    names: Iterable[str],
+    on_done: Callable[[str], None] | None = None,
+    hashed: Mapping[str, dict[str, Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """`{name: {"sha256", "size"}}` for files of `folder`, hashed in parallel."""
+    """`{name: {"sha256", "size"}}` for files of `folder`, hashed in parallel; `hashed` holds entries of files
+    already hashed as they were written, taken as they are."""
     names = list(names)
+    known = dict(hashed or {})
 
     def one(name: str) -> tuple[str, dict[str, Any]]:
         path = folder / name
-        entry = {"sha256": sha256_file(path), "size": path.stat().st_size}
+        entry = known.get(name) or {"sha256": sha256_file(path), "size": path.stat().st_size}
         if on_done is not None:
             on_done(name)
         return name, entry
@@ -114,9 +119,11 @@ def build_manifest(
     included: list[dict[str, str]] | None = None,
     exclude: Iterable[str] = (),
     on_hashed: Callable[[str], None] | None = None,
+    hashed: Mapping[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The manifest of a complete folder (everything but the manifest must already be written); `exclude`
-    names files that are not part of the release (the writer marker)."""
+    names files that are not part of the release (the writer marker); `hashed` holds entries computed while the
+    files were written (see `hash_files`)."""
     skipped = set(exclude)
     return {
         "format": MANIFEST_FORMAT,
@@ -127,7 +134,7 @@ def build_manifest(
         "calibration": calibration,
         "run": run,
         "included": list(included or []),
-        "files": hash_files(folder, [f for f in folder_files(folder) if f not in skipped], on_hashed),
+        "files": hash_files(folder, [f for f in folder_files(folder) if f not in skipped], on_hashed, hashed),
     }
 
 
