@@ -75,7 +75,8 @@ def assert_error_shape(response: httpx.Response, status: int, code: str, field: 
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
     body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"type", "code", "message", "field"}, body
+    assert set(body) == {"error", "detail"} and set(body["error"]) == {"type", "code", "message", "field"}, body
+    assert body["detail"] == body["error"]["message"]
     assert body["error"]["code"] == code
     assert body["error"]["field"] == field
     assert body["error"]["message"] and isinstance(body["error"]["type"], str)

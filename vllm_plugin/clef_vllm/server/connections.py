@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,8 @@ PROTOCOL_ERRORS = {
     431: ("Request Header Fields Too Large", "headers_too_large"),
     501: ("Not Implemented", "unsupported_transfer_encoding"),
 }
-MAX_QUOTED_PROTOCOL_ERROR = 120  # characters of h11's own message kept in ours (it may quote the request)
+MAX_QUOTED_PROTOCOL_ERROR = 120  # characters of h11's own message kept in ours
+_QUOTED_INPUT = re.compile(r": bytearray\(b.*\)$", re.DOTALL)  # h11 appends the offending bytes; not echoed
 
 
 def _raw_response(status: int, reason: str, code: str, message: str, extra: str = "") -> tuple[str, bytes]:
@@ -114,7 +116,7 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
             if status == 431:
                 message = f"request line and headers exceed {self._max_head_bytes} bytes"
             else:
-                detail = str(error or "")[:MAX_QUOTED_PROTOCOL_ERROR]
+                detail = _QUOTED_INPUT.sub("", str(error or ""))[:MAX_QUOTED_PROTOCOL_ERROR]
                 message = f"malformed HTTP request: {detail}" if detail else "malformed HTTP request"
             request_id, response = _raw_response(status, reason, code, message)
             client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
