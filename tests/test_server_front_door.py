@@ -249,3 +249,17 @@ def test_every_error_body_has_a_top_level_detail_but_the_workers_ai_envelope_sta
     )
     if path == "/v1/systemone":
         assert set(workers.json()) == {"success", "errors", "messages", "result"}
+
+
+def test_openapi_lists_the_new_route_and_fields(server):
+    from openapi_spec_validator import validate
+
+    spec = httpx.get(f"{server.url}/openapi.json", timeout=30).json()
+    validate(spec)
+    assert spec["paths"]["/v1/systemone/models"]["get"]["responses"]["200"]
+    schemas = spec["components"]["schemas"]
+    assert "detail" in schemas["ErrorBody"]["required"]
+    choice_forms = schemas["ChoiceQuestion"]["properties"]["criteria"]["oneOf"]
+    assert [form["type"] for form in choice_forms] == ["object", "array"]
+    image_forms = schemas["SystemOneRequest"]["properties"]["images"]["items"]["oneOf"]
+    assert image_forms[1]["properties"]["type"]["enum"] == ["image", "video"]
