@@ -263,3 +263,38 @@ def test_openapi_lists_the_new_route_and_fields(server):
     assert [form["type"] for form in choice_forms] == ["object", "array"]
     image_forms = schemas["SystemOneRequest"]["properties"]["images"]["items"]["oneOf"]
     assert image_forms[1]["properties"]["type"]["enum"] == ["image", "video"]
+
+
+def blocks_flushed(data: bytes) -> bytes:
+    compressor = zstandard.ZstdCompressor(write_checksum=True).compressobj()
+    flush_block = zstandard.COMPRESSOBJ_FLUSH_BLOCK
+    return (
+        compressor.compress(data[:100])
+        + compressor.flush(flush_block)
+        + compressor.compress(data[100:])
+        + (compressor.flush())
+    )
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(zstd(RAW), id="content-size"),
+        pytest.param(
+            zstandard.ZstdCompressor(write_content_size=False, write_checksum=True).compress(RAW), id="checksum"
+        ),
+        pytest.param(blocks_flushed(RAW * 50), id="several-blocks"),
+        pytest.param(zstd(b"a" * 300_000), id="rle-blocks"),
+        pytest.param(zstd(random.Random(1).randbytes(300_000)), id="raw-blocks"),
+        pytest.param(zstd(b""), id="empty"),
+    ],
+)
+def test_the_end_of_a_zstd_frame_is_found_wherever_the_chunks_split(frame):
+    from clef_vllm.server.zstd_frames import FrameScanner
+
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(frame) is not None
+    body = frame + b"after"
+    for cut in sorted({0, 1, 3, 4, 5, 6, 9, len(frame) // 2, len(frame) - 1, len(frame), len(frame) + 2}):
+        scanner = FrameScanner()
+        inside = scanner.feed(body[:cut]) + scanner.feed(body[cut:])
+        assert (inside, scanner.done) == (len(frame), True), cut
