@@ -133,7 +133,8 @@ def test_typesafe_sdk_sends_an_image_asset(url):
     sent: list[httpx2.Request] = []
     http = httpx2.Client(timeout=60, event_hooks={"request": [sent.append]})
     photo = Image(PARCEL_PNG)
-    state = f"Ticket 1432: the parcel arrived like this: {photo}"
+    # Over 1 KiB, so that the SDK compresses the body
+    state = f"Ticket 1432: the parcel arrived like this: {photo}. " + "It was left out in the rain. " * 40
     questions = {
         "damaged": Noul(instructions="Is the parcel damaged?"),
         "team": Choice(instructions="Which team?", criteria={"shipping": None, "billing": "money"}),
