@@ -61,7 +61,7 @@ class _Zlib:
             if len(chunk) < 2:
                 self.held = chunk
                 return b""
-            zlib_header = len(chunk) >= 2 and chunk[0] & 0x0F == 8 and (chunk[0] << 8 | chunk[1]) % 31 == 0
+            zlib_header = chunk[0] & 0x0F == 8 and (chunk[0] << 8 | chunk[1]) % 31 == 0
             self.inner = zlib.decompressobj(zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS)
         if self.inner.eof:
             raise TrailingData
@@ -98,7 +98,7 @@ class _Zstd:
     def feed(self, chunk: bytes, budget: int) -> bytes:
         self.budget = budget
         inside = self.frame.feed(chunk)
-        self.writer.write(chunk[:inside] if inside < len(chunk) else chunk)
+        self.writer.write(chunk if inside == len(chunk) else chunk[:inside])
         if inside < len(chunk):
             raise TrailingData
         out = b"".join(self.parts)
