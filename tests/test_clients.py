@@ -1,11 +1,14 @@
 """Published clients, installed from the registry, pointed at `clef-systemone` by their base-URL settings.
 
 Workers AI clients (`clef-router`, `clef-evals`) call `/accounts/{id}/ai/run/@cf/cloudflare/{model}` and read
-Cloudflare's envelope; SystemOne SDKs (`systemone-client`, `avrik-sdk`, `deqio-client`) call `/v1/systemone`
-and `/v1/models`. Every answer is compared with the same request sent to `/v1/systemone` directly.
+Cloudflare's envelope; SystemOne SDKs (`typesafe-sdk`, `systemone-client`, `avrik-sdk`, `deqio-client`) call
+`/v1/systemone` and `/v1/models`. Every answer is compared with the same request sent to `/v1/systemone` directly.
 """
 
 from __future__ import annotations
+
+import base64
+from pathlib import Path
 
 import httpx
 import pytest
@@ -118,6 +121,64 @@ def test_clef_evals_maps_errors(url):
     assert "nested" in str(info.value)
 
 
+PARCEL_PNG = Path(__file__).parents[1] / "examples" / "parcel.png"
+
+
+def test_typesafe_sdk_sends_an_image_asset(url):
+    """The official SDK sends an attached image as a multipart part that the body names with
+    `{"type": "image", "part": "asset-0"}`, zstd-compressed; the answer is that of the same image sent as JSON."""
+    import httpx2
+    from typesafe_sdk import Choice, Image, Noul, RetryPolicy, TypeSafeBadRequestError, TypeSafeClient
+
+    sent: list[httpx2.Request] = []
+    http = httpx2.Client(timeout=60, event_hooks={"request": [sent.append]})
+    photo = Image(PARCEL_PNG)
+    # Over 1 KiB, so that the SDK compresses the body
+    state = f"Ticket 1432: the parcel arrived like this: {photo}. " + "It was left out in the rain. " * 40
+    questions = {
+        "damaged": Noul(instructions="Is the parcel damaged?"),
+        "team": Choice(instructions="Which team?", criteria={"shipping": None, "billing": "money"}),
+    }
+    with TypeSafeClient(
+        api_key=API_KEY, base_url=url, model="clef", retry=RetryPolicy(max_retries=0), http_client=http
+    ) as client:
+        with client.attach_assets(photo):
+            response = client.system_one(state=state, questions=questions)
+        (model,) = client.models.list().models
+        with pytest.raises(TypeSafeBadRequestError) as info:
+            client.system_one(state=state, questions={"team": {"type": "choice", "criteria": ["a", "a"]}})
+    request = sent[0]
+    assert request.headers["content-type"].startswith("multipart/form-data")
+    assert request.headers["content-encoding"] == "zstd"
+    data = base64.b64encode(PARCEL_PNG.read_bytes()).decode()
+    body = {
+        "model": "clef",
+        "state": state,
+        "assets": {str(photo): {"format": "png", "data_base64": data}},
+        "questions": {
+            "damaged": {"type": "noul", "instructions": "Is the parcel damaged?"},
+            "team": {
+                "type": "choice",
+                "instructions": "Which team?",
+                "criteria": {"shipping": None, "billing": "money"},
+            },
+        },
+    }
+    expected = httpx.post(f"{url}/v1/systemone", json=body, headers=AUTH, timeout=60)
+    assert expected.status_code == 200, expected.text
+    answers = expected.json()["answers"]
+    assert response.model == "clef"
+    text_only = httpx.post(f"{url}/v1/systemone", json={**body, "assets": None}, headers=AUTH, timeout=60)
+    assert response.usage.input_tokens == expected.json()["usage"]["input_tokens"]
+    assert response.usage.input_tokens > text_only.json()["usage"]["input_tokens"]  # the image was read
+    assert response.nouls["damaged"].noul == answers["damaged"]["noul"]
+    assert response.choices["team"].choice == answers["team"]["choice"]
+    assert response.choices["team"].probabilities == answers["team"]["probabilities"]
+    assert model.name == "tiny" and len(model.release_date) == 10
+    error = info.value
+    assert error.status == 400 and "twice" in str(error) and error.request_id.startswith("req_")
+
+
 def test_systemone_client_with_base_url(url):
     from systemone import Choice, Client, Noul, Score
 
@@ -145,7 +206,7 @@ def test_avrik_sdk_lists_models_and_reads_errors(url):
         (model,) = client.models()
         assert (model.name, bool(model.description), len(model.release_date)) == ("tiny", True, 10)
         with pytest.raises(AvrikError) as info:
-            client.decide(STATE, {"team": {"type": "choice", "criteria": ["not", "an", "object"]}}, request_id="av-1")
+            client.decide(STATE, {"team": {"type": "choice", "criteria": ["twice", "twice"]}}, request_id="av-1")
     error = info.value
     assert (error.status, error.code, error.field, error.request_id) == (
         400,

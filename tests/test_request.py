@@ -67,10 +67,22 @@ BAD_REQUESTS = [
         id="choice-empty-criteria",
     ),
     pytest.param(
-        body({"q1": {"type": "choice", "criteria": ["a", "b"]}}),
-        ['"q1"', "object"],
+        body({"q1": {"type": "choice", "criteria": ["a", 2]}}),
+        ['"q1"', "object", "option names"],
         "questions.q1.criteria",
-        id="choice-criteria-list",
+        id="choice-criteria-list-not-names",
+    ),
+    pytest.param(
+        body({"q1": {"type": "choice", "criteria": ["a", "b", "a"]}}),
+        ['"q1"', '"a"', "twice"],
+        "questions.q1.criteria",
+        id="choice-criteria-list-repeated",
+    ),
+    pytest.param(
+        body({"q1": {"type": "choice", "criteria": ["a", ""]}}),
+        ['"q1"', "non-empty"],
+        "questions.q1.criteria",
+        id="choice-criteria-list-empty-name",
     ),
     pytest.param(
         body({"q1": {"type": "score"}}), ['"q1"', "criteria"], "questions.q1.criteria", id="score-no-criteria"
@@ -126,6 +138,13 @@ BAD_REQUESTS = [
     pytest.param(body(images=[{"format": "png"}]), ["images[0]", "exactly one"], "images[0]", id="no-source"),
     pytest.param(body(images=[{"data_base64": "a", "colour": 1}]), ["images[0].colour"], "images[0]", id="unknown-key"),
     pytest.param(body(images=[{"part": "p1"}]), ["images[0]", '"p1"'], "images[0]", id="missing-part"),
+    pytest.param(
+        body(images=[{"type": "video", "data": "a"}]), ["images[0]", '"video"'], "images[0].type", id="image-as-video"
+    ),
+    pytest.param(
+        body(videos=[{"type": "image", "data": "a"}]), ["videos[0]", '"image"'], "videos[0].type", id="video-as-image"
+    ),
+    pytest.param(body(images=[{"type": "audio", "data": "a"}]), ["images[0].type"], "images[0]", id="unknown-type"),
     pytest.param(
         body(assets={"<logo>": {"format": "png"}}), ["assets.<logo>", "exactly one"], "assets.<logo>", id="asset-empty"
     ),
@@ -286,6 +305,39 @@ def test_media_object_forms_and_multipart_parts():
         MediaData("images[2]", "C", "webp"),
         MediaData("images[3]", b"raw bytes", "png"),
     )
+
+
+def test_media_objects_may_say_what_they_are():
+    """SDKs send `type` in media and asset objects: `{"type": "image", "part": "asset-0"}`."""
+    request = parse_request(
+        body(
+            images=[{"type": "image", "data_base64": "A", "format": "png"}],
+            videos=[{"type": "video", "data": "V"}, [{"type": "image", "data": "F0"}, {"type": "image", "data": "F1"}]],
+            assets={"<image:1>": {"type": "image", "part": "asset-0"}},
+        ),
+        parts={"asset-0": b"raw"},
+    )
+    assert request.images == (MediaData("images[0]", "A", "png"), MediaData("assets.<image:1>", b"raw"))
+    assert request.videos == (
+        MediaData("videos[0]", "V"),
+        (MediaData("videos[1][0]", "F0"), MediaData("videos[1][1]", "F1")),
+    )
+
+
+def test_choice_criteria_as_a_list_of_names_read_like_null_descriptions(tokenizer):
+    """A list of option names is options without descriptions: the same options, in the same model order, and
+    the same token ids as an object whose descriptions are null (the release renders no description key)."""
+    from clef_vllm.encoding import encode_request
+
+    listed = parse_request(body({"q": {"type": "choice", "criteria": ["tech", "billing", "sales"]}}))
+    nulls = parse_request(body({"q": {"type": "choice", "criteria": {"tech": None, "billing": None, "sales": None}}}))
+    (question,) = listed.questions
+    assert [(o.id, o.description) for o in question.options] == [("billing", None), ("sales", None), ("tech", None)]
+    assert question.answer_order == ("tech", "billing", "sales")
+    assert listed.questions == nulls.questions
+    encoded = encode_request(listed, tokenizer)
+    assert encoded.input_ids == encode_request(nulls, tokenizer).input_ids
+    assert '{"option_id":"billing"}' in tokenizer.decode(encoded.input_ids)
 
 
 def test_assets_become_images_in_order_of_first_reference():

@@ -75,7 +75,8 @@ def assert_error_shape(response: httpx.Response, status: int, code: str, field: 
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
     body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"type", "code", "message", "field"}, body
+    assert set(body) == {"error", "detail"} and set(body["error"]) == {"type", "code", "message", "field"}, body
+    assert body["detail"] == body["error"]["message"]
     assert body["error"]["code"] == code
     assert body["error"]["field"] == field
     assert body["error"]["message"] and isinstance(body["error"]["type"], str)
@@ -253,7 +254,8 @@ def test_openapi_document_is_valid_and_complete(server):
     schemas = spec["components"]["schemas"]
     request = schemas["SystemOneRequest"]
     assert request["properties"]["questions"]["maxProperties"] == 64
-    assert schemas["ChoiceQuestion"]["properties"]["criteria"]["minProperties"] == 1
+    by_object, by_names = schemas["ChoiceQuestion"]["properties"]["criteria"]["oneOf"]
+    assert by_object["minProperties"] == by_names["minItems"] == 1
     assert schemas["ScoreQuestion"]["properties"]["criteria"]["maxItems"] == 256
     for path in ("/v1/systemone", "/accounts/{account_id}/ai/run/@cf/cloudflare/{name}"):
         operation = spec["paths"][path]["post"]

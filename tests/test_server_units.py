@@ -186,7 +186,8 @@ def test_an_unexpected_error_is_a_json_500_without_internals(tmp_path, caplog):
             "code": "internal_error",
             "message": "internal error while scoring the request",
             "field": None,
-        }
+        },
+        "detail": "internal error while scoring the request",
     }
     assert response.headers["x-request-id"] == "trace-me"
     logged = [r for r in caplog.records if "trace-me" in r.getMessage() and r.exc_info]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictStr, ValidationError
 
@@ -52,7 +52,8 @@ class QuestionBody(BaseModel):
     instructions: JsonValue = Field(default=None, description="Any JSON; the question id when missing or empty")
     criteria: dict[str, JsonValue] | list[JsonValue] | None = Field(
         default=None,
-        description="choice: option id -> description; score: level descriptions; noul: optional true/false overrides",
+        description="choice: option id -> description, or a list of option names; score: level descriptions; "
+        "noul: optional true/false overrides",
     )
 
 
@@ -61,6 +62,9 @@ class MediaObject(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
+    type: Literal["image", "video"] | None = Field(
+        default=None, description="What the item is (SDKs send it); must match where the item is"
+    )
     data: StrictStr | None = Field(default=None, description="Base64 data or a data: URL")
     base64_data: StrictStr | None = Field(default=None, alias="base64")
     data_base64: StrictStr | None = None
@@ -152,7 +156,7 @@ def parse_request(
         )
     questions = tuple(_question(qid, q, limits) for qid, q in wire.questions.items())
     parts = parts or {}
-    images = [_media(value, f"images[{i}]", parts) for i, value in enumerate(wire.images or ())]
+    images = [_media(value, f"images[{i}]", parts, "image") for i, value in enumerate(wire.images or ())]
     images += _assets(wire.assets or {}, wire.state, questions, parts)
     videos = [_video(value, f"videos[{i}]", parts) for i, value in enumerate(wire.videos or ())]
     _check_media_count(len(images), limits.max_images, "images", "--limit-images")
@@ -186,8 +190,8 @@ def _check_media_count(count: int, maximum: int, field: str, flag: str) -> None:
         raise RequestError(f"too many {field}: {count} (at most {maximum} {scope})", field)
 
 
-def _media(value: object, where: str, parts: Mapping[str, bytes]) -> MediaData:
-    """One image, video file or frame in any of its wire forms."""
+def _media(value: object, where: str, parts: Mapping[str, bytes], kind: Literal["image", "video"]) -> MediaData:
+    """One image, video file or frame (an image) in any of its wire forms."""
     if isinstance(value, str):
         return MediaData(where, value)
     if not isinstance(value, dict):
@@ -198,6 +202,8 @@ def _media(value: object, where: str, parts: Mapping[str, bytes]) -> MediaData:
         error = exc.errors(include_url=False)[0]
         inner = ".".join(str(part) for part in error["loc"]) or "value"
         raise RequestError(f"{where}.{inner}: {error['msg']}", where) from None
+    if item.type is not None and item.type != kind:
+        raise RequestError(f'{where} has type "{item.type}" where {kind} data belongs', f"{where}.type")
     sources = {
         name: source
         for name, source in (
@@ -221,8 +227,8 @@ def _media(value: object, where: str, parts: Mapping[str, bytes]) -> MediaData:
 
 def _video(value: object, where: str, parts: Mapping[str, bytes]) -> VideoData:
     if isinstance(value, list):
-        return tuple(_media(frame, f"{where}[{j}]", parts) for j, frame in enumerate(value))
-    return _media(value, where, parts)
+        return tuple(_media(frame, f"{where}[{j}]", parts, "image") for j, frame in enumerate(value))
+    return _media(value, where, parts, "video")
 
 
 def _assets(
@@ -246,7 +252,7 @@ def _assets(
         return (0, position) if position >= 0 else (1, list(assets).index(name))
 
     order = sorted(assets, key=first_reference)
-    return [_media(assets[name], f"assets.{name}", parts) for name in order]
+    return [_media(assets[name], f"assets.{name}", parts, "image") for name in order]
 
 
 def _question(qid: str, body: QuestionBody, limits: Limits) -> Question:
@@ -265,11 +271,7 @@ def _question(qid: str, body: QuestionBody, limits: Limits) -> Question:
     if not criteria:
         raise RequestError(f'question "{qid}": {body.type} needs non-empty criteria', f"{where}.criteria")
     if qtype is QuestionType.CHOICE:
-        if not isinstance(criteria, dict):
-            raise RequestError(
-                f'question "{qid}": choice criteria must be an object of option id -> description',
-                f"{where}.criteria",
-            )
+        criteria = _choice_criteria(qid, criteria, f"{where}.criteria")
         _check_count(qid, len(criteria), "options", limits.max_choice_options, where, limits)
         for option_id in criteria:
             _check_id(option_id, f'question "{qid}": option id "{option_id}"', f"{where}.criteria", limits)
@@ -282,6 +284,25 @@ def _question(qid: str, body: QuestionBody, limits: Limits) -> Question:
     _check_count(qid, len(criteria), "levels", limits.max_score_levels, where, limits)
     options = tuple(Option(str(level), value) for level, value in enumerate(criteria))
     return Question(qid, qtype, body.instructions, options, tuple(o.id for o in options))
+
+
+def _choice_criteria(qid: str, criteria: dict[str, Any] | list[Any], where: str) -> dict[str, Any]:
+    """Choice criteria as option id -> description; a list of option names is options without descriptions,
+    which the model reads as the release reads a null description (no description key)."""
+    if isinstance(criteria, dict):
+        return criteria
+    if not all(isinstance(name, str) for name in criteria):
+        raise RequestError(
+            f'question "{qid}": choice criteria must be an object of option id -> description or a list of '
+            "option names (strings)",
+            where,
+        )
+    seen: set[str] = set()
+    for name in criteria:
+        if name in seen:
+            raise RequestError(f'question "{qid}": option "{name[:60]}" is listed twice in criteria', where)
+        seen.add(name)
+    return dict.fromkeys(criteria)
 
 
 def _check_id(value: str, what: str, where: str, limits: Limits) -> None:

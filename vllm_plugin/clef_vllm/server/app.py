@@ -112,6 +112,8 @@ def create_app(
         title="Clef SystemOne",
         summary="Joint schema decisions from a Clef-Flash checkpoint served by vLLM",
         lifespan=lifespan,
+        # Starlette would answer `/v1/systemone/` with a redirect whose Location is built from the Host header.
+        redirect_slashes=False,
     )
     install(app)
     openapi.install(app, config.limits)
@@ -181,12 +183,17 @@ def create_app(
     async def metrics() -> Response:  # open without the key, like /health: scrapers and probes carry none
         return server_metrics.response()
 
-    @app.get("/v1/models", response_model=ModelList, responses={401: {"model": ErrorBody}})
     async def models(request: Request) -> ModelList:
         check_key(request)
         card = ModelCard(id=served_name, created=info.created, max_model_len=config.max_model_len)
         entry = ModelEntry(name=served_name, description=info.description, release_date=info.release_date)
         return ModelList(data=[card], models=[entry])
+
+    # SystemOne clients that put every route under their base URL ask for the list there too.
+    for path in ("/v1/models", "/v1/systemone/models"):
+        app.add_api_route(
+            path, models, methods=["GET"], response_model=ModelList, responses={401: {"model": ErrorBody}}
+        )
 
     @app.post(
         "/v1/systemone",

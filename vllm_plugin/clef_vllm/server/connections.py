@@ -6,6 +6,11 @@ arriving. Here each request has deadlines measured from its first byte: its head
 byte a second, or declaring a Content-Length it never sends, is cut off). A connection past a deadline gets
 a JSON 408 when nothing was answered yet, and is closed; the application then sees a disconnect and drops
 what it had buffered. Connections beyond `--max-connections` are answered 503 and closed at once.
+
+What h11 itself refuses (a malformed request line or header, request headers beyond uvicorn's 16 KiB, a
+Transfer-Encoding other than chunked) is answered here too, instead of uvicorn's plain-text 400: in the one
+error shape, with the status h11 suggests (400, 431 or 501), request id headers and one log line.
+Every answer made here carries a fresh request id.
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, H11Protocol
 
 from clef_vllm.server.error_shape import RETRY_AFTER_SECONDS, error_body
+from clef_vllm.server.request_ids import REQUEST_ID_HEADERS, request_id_from
 
 logger = logging.getLogger("clef_vllm.server")
 
@@ -37,13 +44,39 @@ class ConnectionLimits:
     max_connections: int = 512
 
 
-def _raw_response(status: int, reason: str, code: str, message: str, extra: str = "") -> bytes:
+# What h11 refuses, by the status it suggests: (reason phrase, code).
+PROTOCOL_ERRORS = {
+    400: ("Bad Request", "malformed_request"),
+    431: ("Request Header Fields Too Large", "headers_too_large"),
+    501: ("Not Implemented", "unsupported_transfer_encoding"),
+}
+MAX_QUOTED_PROTOCOL_ERROR = 120  # characters of h11's own message kept in ours
+_QUOTED_INPUT = re.compile(r": bytearray\(b.*\)$", re.DOTALL)  # h11 appends the offending bytes; not echoed
+
+
+def _raw_response(status: int, reason: str, code: str, message: str, extra: str = "") -> tuple[str, bytes]:
+    """A fresh request id and a whole HTTP/1.1 response in the one error shape, for a connection to close."""
+    request_id = request_id_from([])
     body = json.dumps(error_body(status, code, message)).encode()
+    ids = "".join(f"{name.decode()}: {request_id}\r\n" for name in REQUEST_ID_HEADERS)
     head = (
         f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-        f"connection: close\r\n{extra}\r\n"
+        f"connection: close\r\n{ids}{extra}\r\n"
     )
-    return head.encode("latin-1") + body
+    return request_id, head.encode("latin-1") + body
+
+
+class _RecordingConnection(h11.Connection):
+    """h11's connection, remembering the protocol error it raised so that the answer can use its status."""
+
+    last_error: h11.RemoteProtocolError | None = None
+
+    def next_event(self) -> Any:
+        try:
+            return super().next_event()
+        except h11.RemoteProtocolError as exc:
+            self.last_error = exc
+            raise
 
 
 def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
@@ -54,22 +87,44 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
         _phase: str | None = None
         _lingering = False
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._max_head_bytes = self.config.h11_max_incomplete_event_size or DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
+            self.conn = _RecordingConnection(h11.SERVER, self._max_head_bytes)
+
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
             if len(self.connections) > limits.max_connections:
                 logger.warning("refused a connection: %d open (--max-connections)", len(self.connections) - 1)
-                transport.write(
-                    _raw_response(
-                        503,
-                        "Service Unavailable",
-                        "too_many_connections",
-                        "too many open connections; retry later",
-                        f"retry-after: {RETRY_AFTER_SECONDS}\r\n",
-                    )
+                _, response = _raw_response(
+                    503,
+                    "Service Unavailable",
+                    "too_many_connections",
+                    "too many open connections; retry later",
+                    f"retry-after: {RETRY_AFTER_SECONDS}\r\n",
                 )
+                transport.write(response)
                 self._close_lingering()
                 return
             self._arm("headers", limits.header_timeout)
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to anything h11 refuses, made in the one error shape."""
+            error = self.conn.last_error
+            status = error.error_status_hint if error is not None else 400
+            reason, code = PROTOCOL_ERRORS.get(status, PROTOCOL_ERRORS[400])
+            if status == 431:
+                message = f"request line and headers exceed {self._max_head_bytes} bytes"
+            else:
+                detail = _QUOTED_INPUT.sub("", str(error or ""))[:MAX_QUOTED_PROTOCOL_ERROR]
+                message = f"malformed HTTP request: {detail}" if detail else "malformed HTTP request"
+            request_id, response = _raw_response(status, reason, code, message)
+            client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+            logger.info('%s %s "- -" %d %s', request_id, client, status, message)
+            if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # nothing of an answer was sent yet
+                self.transport.write(response)
+            self._drop_cycle()
+            self._close_lingering()
 
         def data_received(self, data: bytes) -> None:
             if self._lingering:
@@ -121,11 +176,16 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
             logger.info("closed the connection of %s: request %s not received within %g s", client, phase, seconds)
             if cycle is None or not cycle.response_started:
                 message = f"request {phase} not received within {seconds:g} s"
-                self.transport.write(_raw_response(408, "Request Timeout", "request_timeout", message))
-            if cycle is not None and not cycle.response_complete:
-                cycle.disconnected = True  # the application's receive() now reports a disconnect
-                cycle.message_event.set()
+                self.transport.write(_raw_response(408, "Request Timeout", "request_timeout", message)[1])
+            if cycle is not None:
+                self._drop_cycle()
             self._close_lingering()
+
+        def _drop_cycle(self) -> None:
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True  # the application's receive() now reports a disconnect, send() no-ops
+                cycle.message_event.set()
 
         def _close_lingering(self) -> None:
             self._disarm()

@@ -1,7 +1,8 @@
 """The one error shape, for every status and every source (our checks, FastAPI, Starlette, the unexpected).
 
-`{"error": {"type", "code", "message", "field"}}`: `type` follows the status, `code` is a stable reason a
-client can switch on, `field` names the part of the request at fault (null when nothing in particular).
+`{"error": {"type", "code", "message", "field"}, "detail": message}`: `type` follows the status, `code` is a
+stable reason a client can switch on, `field` names the part of the request at fault (null when nothing in
+particular); `detail` repeats the message as a top-level string for clients that read only that.
 Under the Workers AI route the same error leaves in Cloudflare's envelope instead:
 `{"success": false, "errors": [{"code": <HTTP status>, "message"}], "messages": [], "result": null}`.
 """
@@ -30,7 +31,9 @@ ERROR_TYPES = {
     415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    431: "request_too_large",
     500: "server_error",
+    501: "invalid_request_error",
     503: "service_unavailable",
 }
 STARLETTE_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large", 429: "rate_limited"}
@@ -60,7 +63,7 @@ class ApiError(Exception):
 
 def error_body(status: int, code: str, message: str, field: str | None = None) -> dict[str, Any]:
     kind = ERROR_TYPES.get(status, "server_error")
-    return {"error": {"type": kind, "code": code, "message": message, "field": field}}
+    return {"error": {"type": kind, "code": code, "message": message, "field": field}, "detail": message}
 
 
 def workers_ai_error_body(status: int, message: str) -> dict[str, Any]:

@@ -22,7 +22,8 @@ def request_body() -> dict[str, Any]:
     return {
         "requestBody": {
             "required": True,
-            "description": "JSON; Content-Encoding zstd, gzip or deflate accepted (the cap applies after decoding)",
+            "description": "JSON; Content-Encoding zstd, gzip or deflate accepted (one frame, member or stream; "
+            "the cap applies as sent and after decoding)",
             "content": {
                 "application/json": {"schema": ref},
                 "multipart/form-data": {
@@ -61,7 +62,11 @@ def request_schemas(limits: Limits) -> dict[str, Any]:
     media = {
         "oneOf": [
             {"type": "string", "description": "base64 or a data URL"},
-            {"type": "object", "description": "{data_base64 | data | base64, format | media_type | content_type}"},
+            {
+                "type": "object",
+                "description": "{data_base64 | data | base64 | part, format | media_type | content_type, type}",
+                "properties": {"type": {"enum": ["image", "video"], "description": "Must fit the item's place"}},
+            },
         ]
     }
     return {
@@ -79,12 +84,24 @@ def request_schemas(limits: Limits) -> dict[str, Any]:
             "choice",
             instructions,
             {
-                "type": "object",
-                "description": "Option id -> description (any JSON; null for none)",
-                "minProperties": limits.min_options,
-                "maxProperties": limits.max_choice_options,
-                "propertyNames": option_id,
-                "additionalProperties": any_json,
+                "oneOf": [
+                    {
+                        "type": "object",
+                        "description": "Option id -> description (any JSON; null for none)",
+                        "minProperties": limits.min_options,
+                        "maxProperties": limits.max_choice_options,
+                        "propertyNames": option_id,
+                        "additionalProperties": any_json,
+                    },
+                    {
+                        "type": "array",
+                        "description": "Option ids without descriptions (read as null descriptions)",
+                        "minItems": limits.min_options,
+                        "maxItems": limits.max_choice_options,
+                        "uniqueItems": True,
+                        "items": option_id,
+                    },
+                ]
             },
         ),
         "ScoreQuestion": _question(
