@@ -60,7 +60,11 @@ class QuestionBody(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     type: QuestionTypeName
-    instructions: JsonValue = Field(default=None, description="Any JSON; the question id when missing or empty")
+    instructions: JsonValue = Field(
+        default=None,
+        description="Any JSON; the question id when missing or empty; as text at most "
+        f"{SCHEMA_CHARS_PER_TOKEN} characters per token of the max model length",
+    )
     criteria: dict[str, JsonValue] | list[JsonValue] | None = Field(
         default=None,
         description="choice: option id -> description; score: level descriptions; noul: optional true/false overrides",
