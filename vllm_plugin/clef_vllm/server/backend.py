@@ -1,8 +1,8 @@
 """The engine behind the server: an async vLLM engine with the plugin's pooler, plus our encoder.
 
 Encoding runs in worker threads; only the tokenizer calls themselves take a lock (one tokenizer, many requests).
-No call is long (a text is handed over at most `state_cut.MAX_CALL_CHARS` characters at a time) and waiters
-take the lock in turn, so a request tokenizing megabytes delays a small one by about one call. The head runs
+No call is long (a text is handed over at most `state_cut.MAX_CALL_CHARS` characters at a time), so a request
+tokenizing megabytes delays a small one by about one call. The head runs
 inside the engine core, so the event loop only awaits results. A request whose client goes away is aborted in
 the engine (`finally`), so no work is left running for nobody.
 """
@@ -10,7 +10,6 @@ the engine (`finally`), so no work is left running for nobody.
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import threading
 from collections.abc import Mapping
@@ -95,41 +94,13 @@ def truncation_headers(encoding: Encoding) -> dict[str, str]:
     }
 
 
-class FairLock:
-    """A lock handed to its waiters in the order they came. A plain lock goes back to the thread that released
-    it when that thread asks again at once (it still holds the GIL), so a request tokenizing in many short calls
-    would keep everyone else waiting until its last one."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._waiters: collections.deque[threading.Lock] = collections.deque()
-        self._held = False
-
-    def __enter__(self) -> None:
-        with self._guard:
-            if not self._held:
-                self._held = True
-                return
-            turn = threading.Lock()
-            turn.acquire()
-            self._waiters.append(turn)
-        turn.acquire()  # released by the holder's __exit__, which hands the lock over without freeing it
-
-    def __exit__(self, *exc_info: object) -> None:
-        with self._guard:
-            if self._waiters:
-                self._waiters.popleft().release()
-            else:
-                self._held = False
-
-
 class _LockedTokenizer:
     """A tokenizer whose calls are serialized: a Rust fast tokenizer refuses concurrent use ("Already
-    borrowed"). Each call is short (see the module docstring) and waiters take turns."""
+    borrowed"). Each call is short (see the module docstring)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
-        self._lock = FairLock()
+        self._lock = threading.Lock()
 
     def __call__(self, text: list[str], **kwargs: Any) -> Any:
         with self._lock:
