@@ -3,11 +3,14 @@
 One `clef-systemone` process on loopback. For each long input (12 MB states with no split point, 12 MB of
 instructions) one client sends it while `clients` others send a small request in a loop until its answer is
 back; the worst and the median latency of those small requests are the wait, next to the latency of the same
-small request on an idle server. The report is a section of `bench/results/serve-cpu.md`.
+small request on an idle server. Each input is also encoded in this process with the release tokenizer, timing
+every tokenizer call: the longest is what a small request can wait for the shared tokenizer. The report is a
+section of `bench/results/serve-cpu.md`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import tempfile
@@ -20,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from clef_quant.bench.environment import facts_table
+from clef_quant.bench.environment import facts_table, load_average
 from clef_quant.bench.processes import free_port, running, systemone_command
 from clef_quant.formatting import utc_minute
 
@@ -63,6 +66,7 @@ class Behind:
     seconds: float
     headers: dict[str, str]
     error_code: str | None = None
+    tokenizer_calls: list[float] = field(default_factory=list)  # seconds of each call, encoded in this process
     small_seconds: list[float] = field(default_factory=list)
     small_errors: int = 0
 
@@ -122,6 +126,27 @@ def behind(url: str, name: str, body: bytes, *, clients: int = 4, request_id: st
     return result
 
 
+def tokenizer_calls(tokenizer: Any, body: dict[str, Any], max_model_len: int) -> list[float]:
+    """Seconds of every tokenizer call that encoding `body` makes (none when it is refused before)."""
+    from clef_vllm.encoding import encode_request
+    from clef_vllm.errors import RequestError
+    from clef_vllm.request import parse_request
+
+    seconds: list[float] = []
+
+    def timed(texts: list[str], **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return tokenizer(texts, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - started)
+
+    timed.backend_tokenizer = tokenizer.backend_tokenizer  # type: ignore[attr-defined]  # the cut reads its config
+    with contextlib.suppress(RequestError):
+        encode_request(parse_request(body), timed, max_length=max_model_len)
+    return seconds
+
+
 @dataclass
 class LongInputsResult:
     model: str
@@ -129,6 +154,7 @@ class LongInputsResult:
     clients: int
     idle_small: list[float]
     rows: list[Behind]
+    load: str = ""
 
 
 def run_long_inputs_bench(
@@ -138,9 +164,13 @@ def run_long_inputs_bench(
     clients: int = 4,
     on_stage: Callable[[str], None] | None = None,
 ) -> LongInputsResult:
+    from transformers import AutoTokenizer
+
     stage = on_stage or (lambda _: None)
+    tokenizer = AutoTokenizer.from_pretrained(model)
     port = free_port()
     flags = ["--max-model-len", str(max_model_len), "--enforce-eager", "--max-num-batched-tokens", "65536"]
+    load = load_average()
     with (
         tempfile.TemporaryDirectory() as logs,
         running(systemone_command(model, port, *flags), port, Path(logs) / "systemone.log"),
@@ -152,8 +182,11 @@ def run_long_inputs_bench(
         rows = []
         for name, make in LONG_INPUTS.items():
             stage(name)
-            rows.append(behind(url, name, encode_body(make()), clients=clients))
-    return LongInputsResult(str(model), max_model_len, clients, idle, rows)
+            body = make()
+            row = behind(url, name, encode_body(body), clients=clients)
+            row.tokenizer_calls = tokenizer_calls(tokenizer, body, max_model_len)
+            rows.append(row)
+    return LongInputsResult(str(model), max_model_len, clients, idle, rows, load)
 
 
 def render_section(result: LongInputsResult, command: str, machine: str) -> str:
@@ -173,6 +206,7 @@ def render_section(result: LongInputsResult, command: str, machine: str) -> str:
         "command": f"`{command}`",
         "model": f"`{result.model}`, `--max-model-len {result.max_model_len}`",
         "workload": f"each long input once, {result.clients} clients sending a small noul request meanwhile",
+        "load average": result.load,
     }
     title, *table = facts_table(HEADING, facts)
     idle = statistics.median(result.idle_small)
@@ -183,9 +217,9 @@ def render_section(result: LongInputsResult, command: str, machine: str) -> str:
         f"The small request alone, on an idle server: median {idle * 1000:.0f} ms, worst "
         f"{max(result.idle_small) * 1000:.0f} ms ({len(result.idle_small)} requests).",
         "",
-        "| long input | body MB | status | long request s | dropped (exact) | small requests | small worst s "
-        "| small median s |",
-        "|---|---:|---:|---:|---|---:|---:|---:|",
+        "| long input | body MB | status | long request s | dropped (exact) | tokenizer calls | longest call s "
+        "| small requests | small worst s | small median s |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for row in result.rows:
         dropped = row.headers.get("x-clef-state-tokens-dropped")
@@ -193,6 +227,7 @@ def render_section(result: LongInputsResult, command: str, machine: str) -> str:
         cut = f"{dropped} ({exact})" if dropped is not None else f"`{row.error_code}`"
         lines.append(
             f"| {row.name} | {row.body_bytes / 1e6:.1f} | {row.status} | {row.seconds:.2f} | {cut} "
+            f"| {len(row.tokenizer_calls)} | {max(row.tokenizer_calls, default=0.0):.3f} "
             f"| {len(row.small_seconds)} | {row.worst:.2f} | {row.median:.2f} |"
         )
     errors = sum(row.small_errors for row in result.rows)

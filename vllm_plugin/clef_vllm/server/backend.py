@@ -2,9 +2,9 @@
 
 Encoding runs in worker threads; only the tokenizer calls themselves take a lock (one tokenizer, many requests).
 No call is long (a text is handed over at most `state_cut.MAX_CALL_CHARS` characters at a time), so a request
-tokenizing megabytes delays a small one by about one call. The head runs
-inside the engine core, so the event loop only awaits results. A request whose client goes away is aborted in
-the engine (`finally`), so no work is left running for nobody.
+tokenizing megabytes delays a small one by about one call. The head runs inside the engine core, so the event
+loop only awaits results. A request whose client goes away is aborted in the engine (`finally`), so no work is
+left running for nobody.
 """
 
 from __future__ import annotations
