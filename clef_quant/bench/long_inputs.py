@@ -3,7 +3,8 @@
 One `clef-systemone` process on loopback. For each long input (12 MB states with no split point, 12 MB of
 instructions) one client sends it while `clients` others send a small request in a loop until its answer is
 back; the worst and the median latency of those small requests are the wait, next to the latency of the same
-small request on an idle server. Each input is also encoded in this process with the release tokenizer, timing
+small request on an idle server and behind a full-length state that is small as a body (the control: what the
+engine step of a full-length prompt costs anyway). Each input is also encoded in this process with the release tokenizer, timing
 every tokenizer call: the longest is what a small request can wait for the shared tokenizer. The report is a
 section of `bench/results/serve-cpu.md`.
 """
@@ -40,8 +41,14 @@ def _instructions(text: str) -> dict[str, Any]:
     return {"state": "short", "questions": {"q": {"type": "noul", "instructions": text}}}
 
 
+PROSE = "The refund for order 1182 was blocked abroad, so the card was charged twice and the fee stayed. "
+# A state that fills any model length but is small as a body: the engine's own time for a full-length prompt,
+# which small requests wait for in any case (one whole prompt per engine step).
+CONTROL = "state: 200 K characters of prose (control)"
+
 # name -> body; CJK is 3 bytes a character in UTF-8, so 4 M characters make the 12 MB.
 LONG_INPUTS: dict[str, Callable[[], dict[str, Any]]] = {
+    CONTROL: lambda: _state(PROSE * (200_000 // len(PROSE))),
     "state: 12 M letters `a`": lambda: _state("a" * MEGABYTES),
     "state: 12 M spaces, then `a`": lambda: _state(" " * MEGABYTES + "a"),
     "state: 4 M CJK characters": lambda: _state("日本語の文字列。" * (MEGABYTES // 3 // 8)),
