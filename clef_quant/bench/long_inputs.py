@@ -2,11 +2,11 @@
 
 One `clef-systemone` process on loopback. For each long input (12 MB states with no split point, 12 MB of
 instructions) one client sends it while `clients` others send a small request in a loop until its answer is
-back; the worst and the median latency of those small requests are the wait, next to the latency of the same
-small request on an idle server and behind a full-length state that is small as a body (the control: what the
-engine step of a full-length prompt costs anyway). Each input is also encoded in this process with the release tokenizer, timing
-every tokenizer call: the longest is what a small request can wait for the shared tokenizer. The report is a
-section of `bench/results/serve-cpu.md`.
+back; the worst and the median latency of those small requests are the wait. Beside them: the small request
+on an idle server, and behind a full-length state that is small as a body (the control: what the engine step
+of a full-length prompt costs anyway). Each input is also encoded in this process with the release tokenizer,
+timing every tokenizer call: the longest is what a small request can wait for the shared tokenizer. The
+report is a section of `bench/results/serve-cpu.md`.
 """
 
 from __future__ import annotations
