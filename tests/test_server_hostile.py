@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import statistics
 import threading
 import time
 
@@ -15,6 +16,7 @@ import psutil
 import pytest
 from raw_json import NOUL, deep
 
+from clef_quant.bench.long_inputs import CONTROL, LONG_INPUTS, behind, encode_body, small_latencies
 from clef_quant.bench.processes import free_port, running, systemone_command
 
 pytestmark = pytest.mark.slow
@@ -194,3 +196,107 @@ def test_an_abandoned_upload_logs_one_line_and_keeps_no_memory(server):
         assert len(lines) == 2, lines  # the abort, then the request line
         assert "went away" in lines[0] and '"POST /v1/systemone" 499' in lines[1]
     assert server.healthy()
+
+
+# -- long inputs: cut or refused before the tokenizer sees them whole, and nobody waits behind them ------------
+
+# Whole-text tokenization kept small requests waiting 14-18 s on a quiet machine. Beyond the engine step of a
+# full-length prompt (the control), a small request may wait for one tokenizer call and the 12 MB body's parse.
+SMALL_WAIT = 2.5
+LONG_STATES = [name for name in LONG_INPUTS if name.startswith("state") and name != CONTROL]
+
+
+@pytest.fixture(scope="module")
+def control_wait(server) -> float:
+    """The worst small-request wait behind a full-length prompt whose body is small: the engine step's share."""
+    return behind(server.url, CONTROL, encode_body(LONG_INPUTS[CONTROL]()), clients=2).worst
+
+
+@pytest.mark.parametrize("name", LONG_STATES)
+def test_a_12_mb_state_without_a_split_point_is_cut_and_holds_up_nobody(server, control_wait, name):
+    request_id = f"long-{LONG_STATES.index(name)}"
+    idle = statistics.median(small_latencies(server.url, 5))
+    result = behind(server.url, name, encode_body(LONG_INPUTS[name]()), clients=2, request_id=request_id)
+    assert result.status == 200, result.error_code
+    assert result.headers["content-type"] == "application/json"
+    assert result.headers["x-request-id"] == request_id
+    assert int(result.headers["x-clef-state-tokens-dropped"]) > 1_000_000
+    assert result.headers["x-clef-state-tokens-dropped-exact"] == "false"
+    assert result.small_seconds and result.small_errors == 0
+    assert result.worst < control_wait + SMALL_WAIT + 3 * idle, (control_wait, idle, result.small_seconds)
+    assert server.healthy()
+
+
+def _instructions(text: str, questions: int = 1) -> dict:
+    return {"state": "s", "questions": {f"q{i}": {"type": "noul", "instructions": text} for i in range(questions)}}
+
+
+def _criteria(kind: str, criteria) -> dict:
+    return {"state": "s", "questions": {"q": {"type": kind, "criteria": criteria}}}
+
+
+M = 1_000_000
+LONG_SCHEMAS = [  # bodies built when the test runs: 12 MB each
+    pytest.param(lambda: _instructions(" " * 12 * M + "a"), "questions.q0.instructions", id="12M-spaces-instructions"),
+    pytest.param(lambda: _instructions("a" * 12 * M), "questions.q0.instructions", id="12M-letters-instructions"),
+    pytest.param(lambda: _instructions({"k": ["日本語" * M]}), "questions.q0.instructions", id="json-instructions"),
+    pytest.param(lambda: _criteria("choice", {"x": "a" * 12 * M, "y": 1}), "questions.q.criteria.x",
+                 id="12M-choice-description"),
+    pytest.param(lambda: _criteria("score", ["low", " " * 3 * M + "a"]), "questions.q.criteria[1]",
+                 id="3M-score-level"),
+    pytest.param(lambda: _criteria("noul", {"false": "!" * 200_000}), "questions.q.criteria.false",
+                 id="200k-noul-override"),
+    pytest.param(lambda: _instructions("a" * 60_000, questions=3), "questions", id="3x60k-instructions-in-all"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("make", "field"), LONG_SCHEMAS)
+def test_a_long_schema_text_is_refused_before_tokenizing_naming_it(server, make, field):
+    content = encode_body(make())
+    started = time.monotonic()
+    response = httpx.post(
+        f"{server.url}/v1/systemone", content=content, headers={"X-Request-Id": "long-schema"}, timeout=60
+    )
+    elapsed = time.monotonic() - started
+    assert response.status_code == 400, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["x-request-id"] == "long-schema"
+    error = response.json()["error"]
+    assert (error["type"], error["code"], error["field"]) == ("invalid_request_error", "schema_too_long", field)
+    assert "characters" in error["message"] and "131,072" in error["message"]  # 32 per token of 4,096
+    assert elapsed < 3.0  # tokenizing 12 MB of instructions took 15 s
+    assert server.healthy()
+
+
+def test_a_panic_in_native_code_is_a_json_500_and_the_app_lives_on(tokenizer, tiny_dir, caplog):
+    """The real tokenizer's panic on 12 M spaces (a BaseException) inside scoring, through the real app."""
+    import asyncio
+
+    from clef_vllm.server.app import create_app
+    from clef_vllm.server.backend import ServeConfig
+
+    class WholeStateTokenizing:
+        config = ServeConfig(model=str(tiny_dir))
+        ready, dead = True, False
+
+        async def score(self, body, parts=None):
+            await asyncio.to_thread(tokenizer, [body["state"]], add_special_tokens=False)
+
+        def shutdown(self):
+            pass
+
+    async def post() -> tuple[httpx.Response, httpx.Response]:
+        transport = httpx.ASGITransport(app=create_app(WholeStateTokenizing(), start_engine=False))  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            body = {"state": " " * 12_000_000 + "a", "questions": {"q": {"type": "noul"}}}
+            answer = await client.post("/v1/systemone", json=body, headers={"X-Request-Id": "panic-1"})
+            return answer, await client.get("/health")
+
+    response, health = asyncio.run(post())
+    assert response.status_code == 500
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["x-request-id"] == "panic-1"
+    assert response.json()["error"]["code"] == "internal_error"
+    logged = [r for r in caplog.records if "panic-1" in r.getMessage() and r.exc_info]
+    assert logged and type(logged[0].exc_info[1]).__name__ == "PanicException"
+    assert health.status_code == 200

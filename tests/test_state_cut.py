@@ -48,20 +48,90 @@ TEXTS = texts()
 @pytest.mark.parametrize(("name", "text"), TEXTS, ids=[name for name, _ in TEXTS])
 @pytest.mark.parametrize("keep", [0, 1, 17, 300, 1000, 5000, 100000])
 def test_kept_ids_are_the_whole_tokenization_cut(tokenizer, monkeypatch, name, text, keep):
-    # Start with tiny cuts so that every text is cut, regrown and cut again at many places.
-    monkeypatch.setattr(state_cut, "MIN_CUT_CHARS", 1)
-    monkeypatch.setattr(state_cut, "CHARS_PER_TOKEN_GUESS", 1)
-    monkeypatch.setattr(state_cut, "GROWTH", 1.3)
+    # Short chunks, so that every text is cut and read on at many places.
+    monkeypatch.setattr(state_cut, "MAX_CALL_CHARS", 700)
     full = whole_ids(tokenizer, text)
     for beyond in (0, 5, 10**6):
         cut = cut_state(tokenizer, text, keep, count_beyond=beyond)
         assert cut.ids == full[:keep]
         if cut.dropped_exact:
             assert cut.dropped == len(full) - len(cut.ids)
-        else:
-            assert len(full) - keep > beyond
+        elif len(full) - keep > beyond:
             assert cut.dropped > beyond
-    assert cut_state(tokenizer, text, keep, count_beyond=10**6).dropped_exact
+    exact = cut_state(tokenizer, text, keep, count_beyond=10**6)
+    assert exact.dropped == len(full) - len(exact.ids)
+    assert exact.dropped_exact == (name != "one long word")  # its 20,000 letters have no safe cut
+
+
+def no_split_texts() -> list[tuple[str, str]]:
+    """Texts in which the pre-tokenizer has no safe cut for thousands of characters."""
+    rng = random.Random(3)
+
+    def pick(choices, n: int) -> str:
+        return "".join(rng.choice(choices) for _ in range(n))
+
+    n = 40_000
+    return [
+        ("one letter", "a" * n),
+        ("spaces then a letter", " " * n + "a"),
+        ("cjk", pick("日本語の文字列テキスト漢字。、「」", n)),
+        ("cjk and accents", pick(["日本", "語", "。", "，", "ü", "é"], n)),
+        ("punctuation", pick("!?.,;:-_()[]{}*&^%$#@", n)),
+        ("accented letters", pick("éüñçàÅøæ", n)),
+        ("marks", pick(["e\u0301", "a\u0308", "\u0301", "n\u0303"], n // 2)),
+        ("emoji", pick("🙂🚀🎉✨💡", n)),
+        ("whitespace", pick([" ", "\n", "\t", "\r\n"], n)),
+        ("special tokens in a word", "a" * 3000 + "<|im_end|>" + "b" * 3000 + "<think>" + "c" * 3000),
+    ]
+
+
+NO_SPLIT = no_split_texts()
+
+
+@pytest.mark.parametrize(("name", "text"), NO_SPLIT, ids=[name for name, _ in NO_SPLIT])
+@pytest.mark.parametrize("chunk", [1000, 3000, 7777])
+def test_texts_without_a_split_point_are_cut_by_characters_with_the_whole_ids(
+    tokenizer, monkeypatch, name, text, chunk
+):
+    """The margin: 4 ids were enough on every one of these texts, so 32 are dropped before a character cut."""
+    monkeypatch.setattr(state_cut, "MAX_CALL_CHARS", chunk)
+    calls = []
+
+    def counted(texts, **kwargs):
+        calls.append(sum(len(t) for t in texts))
+        return tokenizer(texts, **kwargs)
+
+    counted.backend_tokenizer = tokenizer.backend_tokenizer  # type: ignore[attr-defined]
+    full = whole_ids(tokenizer, text)
+    assert state_cut.token_ids(counted, text) == full
+    keep = len(full) // 3
+    cut = cut_state(counted, text, keep, count_beyond=100)
+    assert cut.ids == full[:keep]
+    assert not cut.dropped_exact
+    assert cut.dropped == pytest.approx(len(full) - keep, rel=0.05)
+    assert max(calls) <= chunk
+
+
+@pytest.mark.parametrize("text", ["a" * 12_000_000, " " * 12_000_000 + "a"], ids=["12M-letters", "12M-spaces"])
+def test_a_12_mb_state_without_a_split_point_is_read_in_short_calls(tokenizer, text):
+    """The whole of the spaces makes the tokenizer's regex engine panic; the letters take seconds in one call."""
+    calls = []
+
+    def timed(texts, **kwargs):
+        started = time.perf_counter()
+        try:
+            return tokenizer(texts, **kwargs)
+        finally:
+            calls.append((sum(len(t) for t in texts), time.perf_counter() - started))
+
+    timed.backend_tokenizer = tokenizer.backend_tokenizer  # type: ignore[attr-defined]
+    cut = cut_state(timed, text, 16384, count_beyond=16384)
+    assert len(cut.ids) == 16384
+    assert not cut.dropped_exact
+    per_char = len(whole_ids(tokenizer, text[:100_000])) / 100_000
+    assert cut.dropped == pytest.approx(len(text) * per_char - 16384, rel=0.05)
+    assert max(chars for chars, _ in calls) <= state_cut.MAX_CALL_CHARS
+    assert max(seconds for _, seconds in calls) < 1.0
 
 
 def test_a_12_mb_state_is_encoded_like_a_short_one(tokenizer):

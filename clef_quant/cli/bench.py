@@ -116,7 +116,9 @@ def head(
 def serve(
     model: Annotated[Path, typer.Option(help="Release folder (e.g. `clef-quant make-tiny DIR --size small`).")],
     records: Annotated[int, typer.Option(min=8, help="Requests scored by each side.")] = 128,
-    clients: Annotated[int, typer.Option(min=1, help="Concurrent HTTP clients.")] = 32,
+    clients: Annotated[
+        int | None, typer.Option(min=1, help="Concurrent HTTP clients.", show_default="32; 4 with --long-inputs")
+    ] = None,
     max_model_len: Annotated[int, typer.Option(min=256)] = 4096,
     max_num_batched_tokens: Annotated[
         int, typer.Option(min=256, help="Tokens per engine step of the batched (--no-batch-invariant) runs.")
@@ -124,19 +126,35 @@ def serve(
     compress_above: Annotated[
         int, typer.Option(min=-1, help="Clients zstd-compress bodies larger than this many bytes (-1: never).")
     ] = 1024,
+    long_inputs: Annotated[
+        bool,
+        typer.Option(
+            "--long-inputs",
+            help="Instead: the wait of small requests behind each long input (12 MB states with no split point, "
+            "12 MB of instructions), written as the report's last section; --clients small clients.",
+        ),
+    ] = False,
     out: Annotated[Path, typer.Option(help="Report path.")] = Path("bench/results/serve-cpu.md"),
 ) -> None:
     """Server requests/s at N concurrent clients vs the offline engine's records/s, both with and without batch
     invariance, and the plugin's records/s vs the transformers reference, on the same requests in one run.
 
     Example: clef-quant make-tiny artifacts/small --size small && clef-quant bench serve --model artifacts/small
+
+    Example: clef-quant make-tiny artifacts/tiny && clef-quant bench serve --model artifacts/tiny --long-inputs
     """
     import torch
 
     from clef_quant.bench.environment import machine_name
+    from clef_quant.bench.long_inputs import join_section, split_section
     from clef_quant.bench.serve import render_markdown, result_json, run_serve_bench
 
     _require_release(model, hint=f"clef-quant make-tiny {model} --size small")
+    report, section = split_section(out.read_text(encoding="utf-8") if out.is_file() else "")
+    if long_inputs:
+        _long_inputs(model, max_model_len, clients or 4, out, report)
+        return
+    clients = clients or 32
     with stages("benchmarking") as show:
         result = run_serve_bench(
             model,
@@ -148,11 +166,25 @@ def serve(
             on_stage=show,
         )
     markdown = render_markdown(result, _command_line(), machine_name(torch.device("cpu")))
-    _write_report(out, markdown, result_json(result))
+    _write_report(out, join_section(markdown, section), result_json(result))
     typer.echo(
         f"server/offline {result.server_over_offline:.3f}, plugin/reference {result.plugin_over_reference:.2f}; "
         f"wrote {out}"
     )
+
+
+def _long_inputs(model: Path, max_model_len: int, clients: int, out: Path, report: str) -> None:
+    import torch
+
+    from clef_quant.bench.environment import machine_name
+    from clef_quant.bench.long_inputs import join_section, render_section, run_long_inputs_bench
+
+    with stages("benchmarking") as show:
+        result = run_long_inputs_bench(model, max_model_len=max_model_len, clients=clients, on_stage=show)
+    section = render_section(result, _command_line(), machine_name(torch.device("cpu")))
+    _write_report(out, join_section(report, section) if report.strip() else section)
+    worst = max(row.worst for row in result.rows)
+    typer.echo(f"worst small-request wait behind a long input {worst:.2f} s; wrote {out}")
 
 
 @app.command("throughput")

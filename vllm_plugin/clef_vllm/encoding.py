@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from clef_vllm import state_cut
 from clef_vllm.errors import RequestError, SchemaTooLongError
 from clef_vllm.media import (
     DEFAULT_MEDIA_LIMITS,
@@ -26,9 +27,9 @@ from clef_vllm.media import (
     decode_image,
     decode_video,
 )
-from clef_vllm.request import ClefRequest, Limits, parse_request
+from clef_vllm.request import ClefRequest, Limits, check_schema_chars, parse_request
 from clef_vllm.schema import RecordSchema
-from clef_vllm.state_cut import cut_state
+from clef_vllm.state_cut import cut_state, token_ids
 
 DEFAULT_MAX_LENGTH = 16384
 
@@ -140,7 +141,30 @@ def _schema_pieces(request: ClefRequest) -> _Pieces:
 
 
 def _token_ids(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
-    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    """The ids of each text, in calls of at most `state_cut.MAX_CALL_CHARS` characters (a shared tokenizer is
+    held for one call at a time)."""
+    result: list[list[int]] = []
+    batch: list[str] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal size
+        if batch:
+            result.extend(list(ids) for ids in tokenizer(batch, add_special_tokens=False)["input_ids"])
+            batch.clear()
+            size = 0
+
+    for text in texts:
+        if len(text) > state_cut.MAX_CALL_CHARS:
+            flush()
+            result.append(token_ids(tokenizer, text))
+            continue
+        if size + len(text) > state_cut.MAX_CALL_CHARS:
+            flush()
+        batch.append(text)
+        size += len(text)
+    flush()
+    return result
 
 
 def encode_request(
@@ -156,6 +180,7 @@ def encode_request(
     `processor` (the checkpoint's `AutoProcessor`) is needed only for requests with images or videos; it
     expands the media placeholders to one pad token per visual token and returns the pixel inputs.
     """
+    check_schema_chars(request, max_length)
     schema = _schema_pieces(request)
     (prefix_ids,) = _token_ids(tokenizer, [PREFIX])
     schema_ids = _token_ids(tokenizer, schema.texts)

@@ -49,6 +49,16 @@ class SchemaTooLongError(RequestError):
         self.maximum = maximum
 
 
+class SchemaTextTooLongError(SchemaTooLongError):
+    """A schema text, or the schema in all, with more characters than the maximum length can hold; refused
+    before it is tokenized. `field` names the text (`questions.q1.instructions`), or `questions` for the sum."""
+
+    def __init__(self, message: str, field: str, characters: int, maximum_characters: int) -> None:
+        RequestError.__init__(self, message, field, "schema_too_long")
+        self.required = characters
+        self.maximum = maximum_characters
+
+
 class CheckpointError(ClefError):
     """A release folder or head file that is missing, incomplete or inconsistent."""
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictStr, ValidationError
 
-from clef_vllm.errors import RequestError
+from clef_vllm.errors import RequestError, SchemaTextTooLongError
 from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MediaData, MediaLimits
 from clef_vllm.schema import QuestionType, QuestionTypeName
 
@@ -42,6 +42,17 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 
+# Schema texts are refused, before they are tokenized, past this many characters per token of the maximum
+# length (English runs about 4): tokenizing 12 MB of instructions only to find they do not fit took 15 s.
+SCHEMA_CHARS_PER_TOKEN = 32
+# Below this the exact token count is cheap and decides alone (one tokenizer call, see state_cut).
+MIN_SCHEMA_CHARS = 65_536
+
+
+def schema_chars_limit(max_length: int) -> int:
+    """Characters a schema text, and the schema in all, may have at `max_length` tokens."""
+    return max(SCHEMA_CHARS_PER_TOKEN * max_length, MIN_SCHEMA_CHARS)
+
 
 class QuestionBody(BaseModel):
     """One question as a client sends it."""
@@ -49,7 +60,11 @@ class QuestionBody(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     type: QuestionTypeName
-    instructions: JsonValue = Field(default=None, description="Any JSON; the question id when missing or empty")
+    instructions: JsonValue = Field(
+        default=None,
+        description="Any JSON; the question id when missing or empty; as text at most "
+        f"{SCHEMA_CHARS_PER_TOKEN} characters per token of the max model length",
+    )
     criteria: dict[str, JsonValue] | list[JsonValue] | None = Field(
         default=None,
         description="choice: option id -> description, or a list of option names; score: level descriptions; "
@@ -169,6 +184,31 @@ def parse_request(
         videos=tuple(videos),
         record_id=str(body.get("id", "unknown")),
     )
+
+
+def check_schema_chars(request: ClefRequest, max_length: int) -> None:
+    """Refuse instructions and option texts (as the model reads them) longer than `schema_chars_limit`, one by
+    one and in all, before anything is tokenized. Raises `SchemaTextTooLongError` naming the text."""
+    from clef_vllm.encoding import option_text, render  # the text the model reads is what is measured
+
+    limit = schema_chars_limit(max_length)
+    why = f"{SCHEMA_CHARS_PER_TOKEN} per token of the maximum length {max_length:,}"
+    total = 0
+    for question in request.questions:
+        where = f"questions.{question.id}"
+        instructions = question.instructions
+        texts = [(f"{where}.instructions", "" if instructions is None or instructions == "" else render(instructions))]
+        for index, option in enumerate(question.options):
+            place = f"[{index}]" if question.type is QuestionType.SCORE else f".{option.id}"
+            texts.append((f"{where}.criteria{place}", option_text(option.id, option.description)))
+        for name, text in texts:
+            if len(text) > limit:
+                message = f"{name} has {len(text):,} characters; at most {limit:,} ({why})"
+                raise SchemaTextTooLongError(message, name, len(text), limit)
+            total += len(text)
+    if total > limit:
+        message = f"schema texts have {total:,} characters in all; at most {limit:,} ({why})"
+        raise SchemaTextTooLongError(message, "questions", total, limit)
 
 
 def _refuse_box_questions(questions: object) -> None:

@@ -151,7 +151,9 @@ def create_app(
             if task is not None and task.cancelling():  # the server itself is stopping: let it
                 raise
             raise ClientDisconnect from None  # the watcher cancelled the work: the client left
-        except Exception:
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except BaseException:  # also a panic in native code (pyo3's PanicException is not an Exception)
             logger.exception("%s scoring failed", request.state.request_id)
             if backend.dead:
                 raise ApiError(503, "engine_dead", "the engine has stopped; restart the server") from None

@@ -1,9 +1,10 @@
 """The engine behind the server: an async vLLM engine with the plugin's pooler, plus our encoder.
 
-Encoding runs in worker threads; only the tokenizer calls themselves take a lock (one tokenizer, many requests),
-and each is bounded because the state is tokenized only as far as it can be kept. The head runs inside the
-engine core, so the event loop only awaits results. A request whose client goes away is aborted in the
-engine (`finally`), so no work is left running for nobody.
+Encoding runs in worker threads; only the tokenizer calls themselves take a lock (one tokenizer, many requests).
+No call is long (a text is handed over at most `state_cut.MAX_CALL_CHARS` characters at a time), so a request
+tokenizing megabytes delays a small one by about one call. The head runs inside the engine core, so the event
+loop only awaits results. A request whose client goes away is aborted in the engine (`finally`), so no work is
+left running for nobody.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def truncation_headers(encoding: Encoding) -> dict[str, str]:
 
 class _LockedTokenizer:
     """A tokenizer whose calls are serialized: a Rust fast tokenizer refuses concurrent use ("Already
-    borrowed"). Each call is short, since states are tokenized only as far as they can be kept."""
+    borrowed"). Each call is short (see the module docstring)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer

@@ -10,10 +10,15 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from clef_vllm.request import Limits
+from clef_vllm.request import MIN_SCHEMA_CHARS, SCHEMA_CHARS_PER_TOKEN, Limits
 from clef_vllm.server.strict_json import MAX_DEPTH, MAX_INTEGER_DIGITS
 
 REQUEST_SCHEMA = "SystemOneRequest"
+SCHEMA_TEXT = (
+    f"As text (JSON rendered compactly), instructions and each option at most {SCHEMA_CHARS_PER_TOKEN} characters "
+    f"per token of the server's max model length (never fewer than {MIN_SCHEMA_CHARS:,}), and all of them together "
+    "the same, else 400 schema_too_long naming the text"
+)
 
 
 def request_body() -> dict[str, Any]:
@@ -58,7 +63,7 @@ def request_schemas(limits: Limits) -> dict[str, Any]:
         f"{MAX_INTEGER_DIGITS} digits, no NaN/Infinity, no duplicate keys)"
     }
     option_id = {"type": "string", "minLength": 1, "maxLength": limits.max_id_length}
-    instructions = {**any_json, "description": "Any JSON; the question id when missing or empty"}
+    instructions = {**any_json, "description": "Any JSON; the question id when missing or empty. " + SCHEMA_TEXT}
     media = {
         "oneOf": [
             {"type": "string", "description": "base64 or a data URL"},

@@ -1,0 +1,259 @@
+"""Small requests behind long inputs: how long the shared tokenizer keeps everyone else waiting.
+
+One `clef-systemone` process on loopback. For each long input (12 MB states with no split point, 12 MB of
+instructions) one client sends it while `clients` others send a small request in a loop until its answer is
+back; the worst and the median latency of those small requests are the wait. Beside them: the small request
+on an idle server, and behind a full-length state that is small as a body (the control: what the engine step
+of a full-length prompt costs anyway). Each input is also encoded in this process with the release tokenizer,
+timing every tokenizer call: the longest is what a small request can wait for the shared tokenizer. The
+report is a section of `bench/results/serve-cpu.md`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from clef_quant.bench.environment import facts_table, load_average
+from clef_quant.bench.processes import free_port, running, systemone_command
+from clef_quant.formatting import utc_minute
+
+HEADING = "Small requests behind long inputs"
+SMALL = {"state": "My card was charged twice for one order.", "questions": {"billing": {"type": "noul"}}}
+MEGABYTES = 12_000_000
+
+
+def _state(text: str) -> dict[str, Any]:
+    return {"state": text, "questions": {"q": {"type": "noul"}}}
+
+
+def _instructions(text: str) -> dict[str, Any]:
+    return {"state": "short", "questions": {"q": {"type": "noul", "instructions": text}}}
+
+
+PROSE = "The refund for order 1182 was blocked abroad, so the card was charged twice and the fee stayed. "
+# A state that fills any model length but is small as a body: the engine's own time for a full-length prompt,
+# which small requests wait for in any case (one whole prompt per engine step).
+CONTROL = "state: 200 K characters of prose (control)"
+
+# name -> body; CJK is 3 bytes a character in UTF-8, so 4 M characters make the 12 MB.
+LONG_INPUTS: dict[str, Callable[[], dict[str, Any]]] = {
+    CONTROL: lambda: _state(PROSE * (200_000 // len(PROSE))),
+    "state: 12 M letters `a`": lambda: _state("a" * MEGABYTES),
+    "state: 12 M spaces, then `a`": lambda: _state(" " * MEGABYTES + "a"),
+    "state: 4 M CJK characters": lambda: _state("日本語の文字列。" * (MEGABYTES // 3 // 8)),
+    "state: 12 M punctuation": lambda: _state("!?.,;:-_" * (MEGABYTES // 8)),
+    "instructions: 12 M spaces, then `a`": lambda: _instructions(" " * MEGABYTES + "a"),
+    "instructions: 12 M letters `a`": lambda: _instructions("a" * MEGABYTES),
+}
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """Bytes as a client sends them: UTF-8 as it is (escaped CJK would triple the body)."""
+    return json.dumps(body, ensure_ascii=False).encode()
+
+
+@dataclass
+class Behind:
+    """One long input and the small requests answered while it was in flight."""
+
+    name: str
+    body_bytes: int
+    status: int
+    seconds: float
+    headers: dict[str, str]
+    error_code: str | None = None
+    tokenizer_calls: list[float] = field(default_factory=list)  # seconds of each call, encoded in this process
+    small_seconds: list[float] = field(default_factory=list)
+    small_errors: int = 0
+
+    @property
+    def worst(self) -> float:
+        return max(self.small_seconds)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.small_seconds)
+
+
+def small_latencies(url: str, count: int) -> list[float]:
+    """The small request's latency, one at a time, `count` times."""
+    seconds = []
+    with httpx.Client(timeout=120) as http:
+        for _ in range(count):
+            started = time.perf_counter()
+            http.post(f"{url}/v1/systemone", json=SMALL).raise_for_status()
+            seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def behind(url: str, name: str, body: bytes, *, clients: int = 4, request_id: str | None = None) -> Behind:
+    """Send `body` once while `clients` threads send the small request until its answer is back."""
+    done = threading.Event()
+    lock = threading.Lock()
+    result = Behind(name, len(body), 0, 0.0, {})
+
+    def small() -> None:
+        with httpx.Client(timeout=120) as http:
+            while not done.is_set():
+                started = time.perf_counter()
+                response = http.post(f"{url}/v1/systemone", json=SMALL)
+                elapsed = time.perf_counter() - started
+                with lock:
+                    result.small_seconds.append(elapsed)
+                    result.small_errors += response.status_code != 200
+
+    threads = [threading.Thread(target=small) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)  # the small clients are under way when the long input arrives
+    headers = {"Content-Type": "application/json", **({"X-Request-Id": request_id} if request_id else {})}
+    started = time.perf_counter()
+    try:
+        response = httpx.post(f"{url}/v1/systemone", content=body, headers=headers, timeout=600)
+        result.seconds = time.perf_counter() - started
+        result.status = response.status_code
+        result.headers = dict(response.headers)
+        if response.status_code != 200:
+            result.error_code = _error_code(response)
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+    return result
+
+
+def tokenizer_calls(tokenizer: Any, body: dict[str, Any], max_model_len: int) -> list[float]:
+    """Seconds of every tokenizer call that encoding `body` makes (none when it is refused before)."""
+    from clef_vllm.encoding import encode_request
+    from clef_vllm.errors import RequestError
+    from clef_vllm.request import parse_request
+
+    seconds: list[float] = []
+
+    def timed(texts: list[str], **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return tokenizer(texts, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - started)
+
+    timed.backend_tokenizer = tokenizer.backend_tokenizer  # type: ignore[attr-defined]  # the cut reads its config
+    with contextlib.suppress(RequestError):
+        encode_request(parse_request(body), timed, max_length=max_model_len)
+    return seconds
+
+
+@dataclass
+class LongInputsResult:
+    model: str
+    max_model_len: int
+    clients: int
+    idle_small: list[float]
+    rows: list[Behind]
+    load: str = ""
+
+
+def run_long_inputs_bench(
+    model: Path,
+    *,
+    max_model_len: int = 4096,
+    clients: int = 4,
+    on_stage: Callable[[str], None] | None = None,
+) -> LongInputsResult:
+    from transformers import AutoTokenizer
+
+    stage = on_stage or (lambda _: None)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    port = free_port()
+    flags = ["--max-model-len", str(max_model_len), "--enforce-eager", "--max-num-batched-tokens", "65536"]
+    load = load_average()
+    with (
+        tempfile.TemporaryDirectory() as logs,
+        running(systemone_command(model, port, *flags), port, Path(logs) / "systemone.log"),
+    ):
+        url = f"http://127.0.0.1:{port}"
+        small_latencies(url, 5)  # warm-up
+        stage("small requests on an idle server")
+        idle = small_latencies(url, 20)
+        rows = []
+        for name, make in LONG_INPUTS.items():
+            stage(name)
+            body = make()
+            row = behind(url, name, encode_body(body), clients=clients)
+            row.tokenizer_calls = tokenizer_calls(tokenizer, body, max_model_len)
+            rows.append(row)
+    return LongInputsResult(str(model), max_model_len, clients, idle, rows, load)
+
+
+def render_section(result: LongInputsResult, command: str, machine: str) -> str:
+    import tokenizers
+    import torch
+    import transformers
+    import vllm
+
+    versions = (
+        f"vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"tokenizers {tokenizers.__version__}"
+    )
+    facts = {
+        "machine": machine,
+        "date": utc_minute(),
+        "versions": versions,
+        "command": f"`{command}`",
+        "model": f"`{result.model}`, `--max-model-len {result.max_model_len}`",
+        "workload": f"each long input once, {result.clients} clients sending a small noul request meanwhile",
+        "load average": result.load,
+    }
+    title, *table = facts_table(HEADING, facts)
+    idle = statistics.median(result.idle_small)
+    lines = [
+        "#" + title,
+        *table,
+        "",
+        f"The small request alone, on an idle server: median {idle * 1000:.0f} ms, worst "
+        f"{max(result.idle_small) * 1000:.0f} ms ({len(result.idle_small)} requests).",
+        "",
+        "| long input | body MB | status | long request s | dropped (exact) | tokenizer calls | longest call s "
+        "| small requests | small worst s | small median s |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in result.rows:
+        dropped = row.headers.get("x-clef-state-tokens-dropped")
+        exact = row.headers.get("x-clef-state-tokens-dropped-exact")
+        cut = f"{dropped} ({exact})" if dropped is not None else f"`{row.error_code}`"
+        lines.append(
+            f"| {row.name} | {row.body_bytes / 1e6:.1f} | {row.status} | {row.seconds:.2f} | {cut} "
+            f"| {len(row.tokenizer_calls)} | {max(row.tokenizer_calls, default=0.0):.3f} "
+            f"| {len(row.small_seconds)} | {row.worst:.2f} | {row.median:.2f} |"
+        )
+    errors = sum(row.small_errors for row in result.rows)
+    lines += ["", f"Small requests that failed: {errors}."]
+    return "\n".join(lines) + "\n"
+
+
+def _error_code(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["code"])
+    except (KeyError, ValueError, TypeError):
+        return response.headers.get("content-type", "no body")
+
+
+def split_section(text: str) -> tuple[str, str | None]:
+    """A report and its long-inputs section (always the last one), if it has one."""
+    head, found, section = text.partition(f"\n## {HEADING}\n")
+    return head, (f"## {HEADING}\n" + section if found else None)
+
+
+def join_section(report: str, section: str | None) -> str:
+    return report if section is None else report.rstrip("\n") + "\n\n" + section
