@@ -69,7 +69,8 @@ def quantize(
 
     Only what a Clef release is made of is carried: configs, tokenizer and processor files, chat template,
     generation config, licence and notice files, the source card (as source_card.md), the head (byte-identical at
-    the root, where vLLM >= 0.33 and SGLang look) and joint_schema_model.py. Any other file, and any auto_map key, is left out and named in one warning.
+    the root, where vLLM >= 0.33 and SGLang look) and joint_schema_model.py. Any other file, and any auto_map
+    key, is left out and named in one warning.
 
     Examples:
       clef-quant quantize artifacts/tiny --scheme nvfp4 --calibration-records 16 --out artifacts/tiny-NVFP4

@@ -6,7 +6,8 @@ resolve the recipe against its Linear modules and refuse a plan that touches the
 group; run llm-compressor's `oneshot` with the qkv/z pair added to its fused-scale groups; save the compressed backbone
 into `DIR.partial` with a weights index naming only its shards; copy what the allowlist of `contents` names (head
 at the root, tokenizer, processor, chat template, generation config, licences, the source card,
-`joint_schema_model.py`) and nothing else, without `auto_map` keys; write the manifest last; then every file is set to 0644 and `DIR.partial` renamed to `DIR`.
+`joint_schema_model.py`) and nothing else, without `auto_map` keys; write the manifest last; then every file is set
+to 0644 and `DIR.partial` renamed to `DIR`.
 
 The output is written through `release_folder.staged_folder`: any failure, Ctrl-C or SIGTERM removes
 `DIR.partial`, so an interrupted run leaves neither folder, and a `.partial` another live run writes is never
