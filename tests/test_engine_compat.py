@@ -172,3 +172,20 @@ def test_head_tensors_beside_an_unindexed_backbone_are_not_loaded_as_weights(
     expected = root.logits(encodings)
     answers = clef_engine(unindexed, **ENGINE_KWARGS).logits(encodings)
     assert all(torch.equal(a, b) for a, b in zip(expected, answers, strict=True))
+
+
+def test_card_facts_read_both_layouts(quantized_dir, tmp_path: Path) -> None:
+    from clef_quant.publish import folder_facts
+    from clef_quant.release_folder.manifest import read_manifest
+
+    root = quantized_dir("fp8-dynamic")
+    legacy = legacy_copy(root, tmp_path / "legacy")
+    facts = {}
+    for name, folder in (("root", root), ("legacy", legacy)):
+        files = read_manifest(folder)["files"]
+        kinds = {file: folder_facts.file_kind(file) for file in files if "joint_head" in file}
+        facts[name] = (folder_facts.head_summary(folder), folder_facts.head_bytes(files), sorted(kinds.values()))
+        assert folder_facts.backbone_bytes(files) == (folder / "model.safetensors").stat().st_size
+    assert facts["root"] == facts["legacy"]
+    assert facts["root"][1] == sum((root / name).stat().st_size for name in ROOT_HEAD_FILES)
+    assert facts["root"][2] == ["head_config", "head_weights"]
