@@ -20,6 +20,7 @@ from clef_vllm.head_files import (
     HEAD_WEIGHTS,
     HeadConfig,
     find_head_dir,
+    head_prefix,
     load_head,
     save_head,
 )
@@ -210,13 +211,16 @@ def test_missing_file_is_named(tmp_path, head: JointSchemaHead, missing: str) ->
 def test_find_head_dir(tmp_path, head: JointSchemaHead) -> None:
     with pytest.raises(CheckpointError, match="no joint schema head"):
         find_head_dir(tmp_path)
-    save_head(head, tmp_path)
-    assert find_head_dir(tmp_path) == tmp_path
     (tmp_path / HEAD_SUBDIR).mkdir()
     (tmp_path / HEAD_SUBDIR / HEAD_CONFIG).write_text("{}")  # half a head is not a head
-    assert find_head_dir(tmp_path) == tmp_path
-    save_head(head, tmp_path / HEAD_SUBDIR)
+    with pytest.raises(CheckpointError, match="no joint schema head"):
+        find_head_dir(tmp_path)
+    save_head(head, tmp_path / HEAD_SUBDIR)  # an older quantized release
     assert find_head_dir(tmp_path) == tmp_path / HEAD_SUBDIR
+    assert head_prefix(tmp_path) == f"{HEAD_SUBDIR}/"
+    save_head(head, tmp_path)  # the root, where every engine looks, wins
+    assert find_head_dir(tmp_path) == tmp_path
+    assert head_prefix(tmp_path) == ""
 
 
 # --- forward against the loop form -----------------------------------------------------------------

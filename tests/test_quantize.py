@@ -160,8 +160,8 @@ def test_release_files_are_copied_byte_identical(tiny_dir: Path, quantized_dir) 
     for scheme in ("fp8-dynamic", "nvfp4"):
         folder = quantized_dir(scheme)
         for name in HEAD_FILES:
-            assert sha256_file(folder / "clef_head" / name) == sha256_file(tiny_dir / name)
-            assert not (folder / name).exists(), f"{name} must not sit at the root with the backbone"
+            assert sha256_file(folder / name) == sha256_file(tiny_dir / name)  # at the root, where engines look
+        assert not (folder / "clef_head").exists()
         copied = [name for name in PASSENGER_FILES if (tiny_dir / name).is_file()]
         assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "processor_config.json"} <= set(
             copied
@@ -259,24 +259,25 @@ def test_quantized_lm_head_fails(tiny_dir: Path, tmp_path: Path) -> None:
 
 def test_tampered_head_file_fails_on_its_hash(quantized_dir, tmp_path: Path) -> None:
     folder = copy_release(quantized_dir("fp8-dynamic"), tmp_path / "tampered")
-    head = folder / "clef_head" / "joint_head.safetensors"
+    head = folder / "joint_head.safetensors"
     data = bytearray(head.read_bytes())
     data[-1] ^= 0x01
     head.write_bytes(bytes(data))
     report = inspect_checkpoint(folder)
     assert [(v.check, v.subject, v.message) for v in report.violations] == [
-        (CHECK_MANIFEST, "clef_head/joint_head.safetensors", "sha256 mismatch")
+        (CHECK_MANIFEST, "joint_head.safetensors", "sha256 mismatch")
     ]
     result = cli("inspect", str(folder))
-    assert result.exit_code == 1 and "clef_head/joint_head.safetensors" in result.output
+    assert result.exit_code == 1 and "joint_head.safetensors: sha256 mismatch" in result.output
 
 
 def test_missing_head_fails(quantized_dir, tmp_path: Path) -> None:
     folder = copy_release(quantized_dir("fp8-dynamic"), tmp_path / "headless")
-    shutil.rmtree(folder / "clef_head")
+    for name in HEAD_FILES:
+        (folder / name).unlink()
     subjects = {(v.check, v.subject) for v in inspect_checkpoint(folder).violations}
-    assert (CHECK_HEAD, "clef_head/joint_head.safetensors") in subjects
-    assert (CHECK_MANIFEST, "clef_head/joint_head.safetensors") in subjects
+    assert (CHECK_HEAD, "joint_head.safetensors") in subjects
+    assert (CHECK_MANIFEST, "joint_head.safetensors") in subjects
 
 
 def test_inspect_cli_lists_every_linear_module(quantized_dir) -> None:

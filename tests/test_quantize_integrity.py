@@ -187,7 +187,7 @@ def test_release_files_are_0644(tiny_dir: Path, tmp_path: Path) -> None:
     modes = {name: stat.S_IMODE((out / name).stat().st_mode) for name in release_files(out)}
     assert modes["model.safetensors"] == 0o644
     assert set(modes.values()) == {0o644}, modes
-    assert stat.S_IMODE((out / "clef_head").stat().st_mode) == 0o755
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
 
 
 # -- inspect: one line each, never a traceback ------------------------------------------------------------------
@@ -199,7 +199,7 @@ def test_inspect_fails_a_partial_with_one_line(tiny_dir: Path, tmp_path: Path, h
     run = held_runs(tmp_path / "control", "copied", quantize_args(tiny_dir, out))
     run.wait_at("copied")
     partial = tmp_path / "out.partial"
-    assert (partial / "clef_head" / "joint_head.safetensors").is_file() and not (partial / MANIFEST_FILE).exists()
+    assert (partial / "joint_head.safetensors").is_file() and not (partial / MANIFEST_FILE).exists()
     os.kill(run.pid, signal.SIGKILL)
     run.finish()
     result = clef_quant("inspect", str(partial))

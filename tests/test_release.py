@@ -458,7 +458,7 @@ def test_upload_pushes_the_folder_in_one_commit(carded: Path, tmp_path: Path) ->
     assert sorted(first["files"]) == expected_files(carded)
     for name, content in first["files"].items():
         assert hashlib.sha256(content).digest() == hashlib.sha256((carded / name).read_bytes()).digest(), name
-    assert set(first["lfs"]) == {"model.safetensors", "clef_head/joint_head.safetensors", *PLOTS}
+    assert set(first["lfs"]) == {"model.safetensors", "joint_head.safetensors", *PLOTS}
     assert "base_model_relation: quantized" in hub.validated[0]
     unexpected = [c for c in hub.calls if c.status >= 400 and c.path != AGENT_REGISTRY]
     assert [(c.path, c.status) for c in unexpected] == [("/api/repos/create", 409)]  # the second run's repo exists

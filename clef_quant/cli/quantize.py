@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from clef_quant.cli._errors import fail, user_errors
+from clef_quant.cli._errors import fail, read_json_file, user_errors
 from clef_quant.cli._options import QUANTIZE_SCHEMES, RevisionOption, choice_option, config_from, device_option
 from clef_quant.cli._output import results_console
 from clef_quant.cli._progress import quantization_bars
@@ -77,8 +77,9 @@ def quantize(
     """Quantize a Clef release: compressed backbone, head and tokenizer unchanged, manifest with hashes.
 
     Only what a Clef release is made of is carried: configs, tokenizer and processor files, chat template,
-    generation config, licence and notice files, the source card (as source_card.md), the head (into clef_head/)
-    and joint_schema_model.py. Any other file, and any auto_map key, is left out and named in one warning.
+    generation config, licence and notice files, the source card (as source_card.md), the head (byte-identical at
+    the root, where vLLM >= 0.33 and SGLang look) and joint_schema_model.py. Any other file, and any auto_map
+    key, is left out and named in one warning.
 
     Examples:
       clef-quant quantize artifacts/tiny --scheme nvfp4 --calibration-records 16 --out artifacts/tiny-NVFP4
@@ -104,30 +105,56 @@ def quantize(
 def inspect_checkpoint(
     folder: Annotated[Path, typer.Argument(help="A quantized release folder (any compressed-tensors checkpoint).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of tables.")] = False,
+    engines: Annotated[
+        bool,
+        typer.Option("--engines", help="Also say which engines will detect the folder as a Clef model, and how."),
+    ] = False,
+    request_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--request",
+            help="A SystemOne request JSON: also say which of its questions each engine would refuse "
+            "(implies --engines).",
+        ),
+    ] = None,
 ) -> None:
     """List every Linear module with its scheme, totals by kind, and the checks; exit 1 on any violation.
 
     Checks: keep-list bf16 (lm_head, vision tower, DeltaNet in_proj_a/b, embeddings), fused groups share one
     scheme and global scale (in_proj_qkv+in_proj_z, q/k/v, gate/up), config matches stored tensors, manifest
-    (clef_quant.json) present, valid and matching every file's sha256, no symlink, no code or auto_map unless the
-    manifest includes it on purpose, head files in clef_head/. An unfinished output (DIR.partial) fails with one
-    line.
-    A bf16 source release is inspected as a source and says so.
+    (clef_quant.json) present, valid and matching every file's sha256, no symlink, no code or auto_map unless
+    the manifest includes it on purpose, head files at the root (an older release's clef_head/ passes with a note). An
+    unfinished output (DIR.partial) fails with one line. A bf16 source release is inspected as a source and says
+    so. --engines adds one row per engine (clef-vllm, vllm serve, vLLM >= 0.33, SGLang, llama.cpp, NeMo): whether
+    it detects a Clef model here, what it misses, and its limits; --request FILE adds what of that request it
+    would refuse. Neither changes the exit status.
 
-    Example: clef-quant inspect artifacts/tiny-NVFP4
+    Example: clef-quant inspect artifacts/tiny-NVFP4 --engines --request examples/request.json
     """
     if not folder.is_dir():
         raise fail(f"{folder} is not a folder")
+    from clef_quant import engines_compat
     from clef_quant.quantize.inspect import inspect_checkpoint as run_inspect
 
+    request = None
+    if request_file is not None:  # a bad request fails before the folder is read
+        request = engines_compat.read_request(read_json_file(str(request_file)))
+    show_engines = engines or request is not None
     report = run_inspect(folder)
+    detections = engines_compat.detect_all(folder) if show_engines and report.kind != "unfinished" else None
     if as_json:
-        typer.echo(json.dumps(_report_json(report), indent=2))
+        data = _report_json(report)
+        if detections is not None:
+            data["engines"] = _engines_json(detections, request)
+        typer.echo(json.dumps(data, indent=2))
     elif report.kind == "unfinished":
         for violation in report.violations:  # nothing else was read
             typer.secho(f"error: {violation.subject}: {violation.message}", fg=typer.colors.RED, err=True)
     else:
-        _print_report(results_console(), report)
+        console = results_console()
+        _print_report(console, report)
+        if detections is not None:
+            _print_engines(console, detections, request, request_file)
     if not report.ok:
         raise typer.Exit(1)
 
@@ -242,3 +269,48 @@ def _report_json(report: Any) -> dict[str, Any]:
         "violations": [{"check": v.check, "subject": v.subject, "message": v.message} for v in report.violations],
         "notes": report.notes,
     }
+
+
+def _limits_text(engine: Any) -> str:
+    if not engine.serves:
+        return "reads the folder, answers no requests"
+    parts = [f"{engine.max_questions} questions"] if engine.max_questions is not None else []
+    return ", ".join([*parts, f"choice {engine.choice} options", f"score {engine.score} levels"])
+
+
+def _print_engines(console: Console, detections: list[Any], request: Any, request_file: Path | None) -> None:
+    from clef_quant.engines_compat import over_limits
+
+    table = Table(title="engines: which detect a Clef model in this folder", title_justify="left")
+    for column in ("engine", "detects", "run", "limits"):
+        table.add_column(column, overflow="fold")
+    if request is not None:
+        table.add_column(f"refuses of {request_file}", overflow="fold")
+    for detection in detections:
+        engine = detection.engine
+        detects = "[green]yes[/]" if detection.detected else "[red]no[/], needs " + "; ".join(detection.missing)
+        row = [engine.name, detects, engine.how, _limits_text(engine)]
+        if request is not None:
+            refused = over_limits(request, engine)
+            row.append("[red]" + "; ".join(refused) + "[/]" if refused else ("nothing" if engine.serves else "-"))
+        table.add_row(*row)
+    console.print(table)
+
+
+def _engines_json(detections: list[Any], request: Any) -> list[dict[str, Any]]:
+    from clef_quant.engines_compat import over_limits
+
+    rows = []
+    for detection in detections:
+        engine = detection.engine
+        row: dict[str, Any] = {
+            "engine": engine.name,
+            "detects": detection.detected,
+            "missing": list(detection.missing),
+            "run": engine.how,
+            "limits": _limits_text(engine),
+        }
+        if request is not None:
+            row["refuses"] = over_limits(request, engine)
+        rows.append(row)
+    return rows

@@ -44,7 +44,7 @@ from clef_quant.publish.results import EvalResults, read_results, read_throughpu
 from clef_quant.publish.upload import validate_repo_id
 from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, CARD_SECTION, MANIFEST_FILE, is_card_owned
 from clef_quant.release_folder.versions import tool_versions
-from clef_vllm.head_files import HEAD_SUBDIR
+from clef_vllm.head_files import HEAD_WEIGHTS, head_prefix
 
 if TYPE_CHECKING:
     import jinja2
@@ -221,7 +221,7 @@ def card_context(
         "throughput": throughput_context(*throughput) if throughput else None,
         "plots": plots,
         "files": folder_facts.files_table(files, staged_files),
-        "head_dir": f"{HEAD_SUBDIR}/",
+        "head_dir": f"{head_prefix(folder)}{HEAD_WEIGHTS}",
         "head_bytes": folder_facts.head_bytes(files),
         "manifest_file": MANIFEST_FILE,
         "reproduce": reproduce_commands(manifest, base_model, source_revision, name, repo_id, results),

@@ -16,7 +16,7 @@ from typing import Any
 
 from clef_quant.publish.folder import staged_card_files
 from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, COPIED_TREES, MANIFEST_FILE
-from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
+from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS, find_head_dir
 
 OTHER = "other"
 # Non-Linear tensors of the backbone, by name; first match wins, the rest are OTHER.
@@ -33,8 +33,8 @@ FILE_KINDS = (
     (re.compile(r"^model\.safetensors\.index\.json$"), "backbone_index"),
     (re.compile(r"^config\.json$"), "config"),
     (re.compile(r"^recipe\.yaml$"), "recipe"),
-    (re.compile(rf"^{HEAD_SUBDIR}/{re.escape(HEAD_WEIGHTS)}$"), "head_weights"),
-    (re.compile(rf"^{HEAD_SUBDIR}/{re.escape(HEAD_CONFIG)}$"), "head_config"),
+    (re.compile(rf"^({HEAD_SUBDIR}/)?{re.escape(HEAD_WEIGHTS)}$"), "head_weights"),  # root, or the older layout
+    (re.compile(rf"^({HEAD_SUBDIR}/)?{re.escape(HEAD_CONFIG)}$"), "head_config"),
     (re.compile(r"^joint_schema_model\.py$"), "release_code"),
     (re.compile(r"^(tokenizer.*|vocab\.json|merges\.txt|special_tokens_map\.json|added_tokens\.json)$"), "tokenizer"),
     (re.compile(r"^(chat_template\..*|.*processor_config\.json|generation_config\.json)$"), "as_released"),
@@ -120,14 +120,15 @@ def head_summary(folder: Path) -> dict[str, Any]:
     """Parameters and stored dtypes of the joint schema head, and its config."""
     from safetensors import safe_open
 
-    path = folder / HEAD_SUBDIR / HEAD_WEIGHTS
+    head_dir = find_head_dir(folder)
+    path = head_dir / HEAD_WEIGHTS
     params, dtypes = 0, set()
     with safe_open(str(path), framework="pt") as handle:
         for key in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
             tensor = handle.get_slice(key)
             params += _numel(tuple(tensor.get_shape()))
             dtypes.add(tensor.get_dtype())
-    config = json.loads((folder / HEAD_SUBDIR / HEAD_CONFIG).read_text(encoding="utf-8"))
+    config = json.loads((head_dir / HEAD_CONFIG).read_text(encoding="utf-8"))
     return {"params": params, "dtypes": ", ".join(sorted(dtypes)), "config": config}
 
 
@@ -139,12 +140,17 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def backbone_bytes(files: dict[str, dict[str, Any]]) -> int:
-    """Bytes of the backbone's safetensors files (the top-level ones; the head lives in its own folder)."""
-    return sum(int(e["size"]) for name, e in files.items() if "/" not in name and name.endswith(".safetensors"))
+    """Bytes of the backbone's safetensors files (the top-level ones but the head's)."""
+    return sum(
+        int(e["size"])
+        for name, e in files.items()
+        if "/" not in name and name.endswith(".safetensors") and file_kind(name) != "head_weights"
+    )
 
 
 def head_bytes(files: dict[str, dict[str, Any]]) -> int:
-    return sum(int(e["size"]) for name, e in files.items() if name.startswith(f"{HEAD_SUBDIR}/"))
+    """Bytes of the head's two files, at the root or in an older release's `clef_head/`."""
+    return sum(int(e["size"]) for name, e in files.items() if file_kind(name) in ("head_weights", "head_config"))
 
 
 def source_backbone_bytes(manifest: dict[str, Any]) -> int | None:
@@ -153,7 +159,9 @@ def source_backbone_bytes(manifest: dict[str, Any]) -> int | None:
     path = Path(str(source.get("id") or ""))
     if not source.get("local") or not path.is_dir():
         return None
-    return sum(p.stat().st_size for p in path.glob("*.safetensors")) or None
+    from clef_quant.quantize.release_files import backbone_bytes as folder_backbone_bytes
+
+    return folder_backbone_bytes(path) or None
 
 
 def files_table(manifest_files: dict[str, dict[str, Any]], staged: dict[str, int]) -> list[dict[str, Any]]:

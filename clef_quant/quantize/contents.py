@@ -7,7 +7,8 @@ and pickles run code when loaded. `quantize` therefore copies only the files a C
 - the backbone it writes itself (`config.json`, `model*.safetensors`, its index, `recipe.yaml`);
 - tokenizer and processor files, the chat template and the generation config, byte for byte;
 - licence and notice files; the source's own model card, renamed `source_card.md` (`card` writes `README.md`);
-- the head, moved into `clef_head/`;
+- the head's two files, byte for byte at the folder's root (where vLLM >= 0.33, SGLang and llama.cpp detect a
+  Clef model), also from a source that keeps them in `clef_head/`;
 - `joint_schema_model.py`, the release's own code, carried unchanged as the release format documents and listed
   in the manifest's `included` section (clef-quant and clef-vllm never import or run it).
 
@@ -37,7 +38,7 @@ from typing import Any
 
 from clef_quant.documents import parse_json
 from clef_quant.release_folder.atomic import write_json_atomic
-from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
+from clef_vllm.head_files import HEAD_CONFIG, HEAD_WEIGHTS
 
 RELEASE_CODE = "joint_schema_model.py"
 SOURCE_CARD = "README.md"
@@ -176,7 +177,7 @@ def plan_contents(source_dir: Path, head_dir: Path, include: Sequence[str] = ())
         if REPO_METADATA.match(name) or BACKBONE_OUTPUTS.match(name):
             continue
         if name in (f"{head_prefix}{HEAD_WEIGHTS}", f"{head_prefix}{HEAD_CONFIG}"):
-            contents.copies[name] = f"{HEAD_SUBDIR}/{name.rsplit('/', 1)[-1]}"
+            contents.copies[name] = name.rsplit("/", 1)[-1]
         elif (name in PASSENGER_FILES or LICENCE_FILE.match(name)) and not runs_once_copied(source_dir / name):
             contents.copies[name] = name
         elif name == SOURCE_CARD and not runs_once_copied(source_dir / name):

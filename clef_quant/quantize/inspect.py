@@ -13,7 +13,8 @@ with targets, and an ignore list), cross-checked against the tensors actually st
   unfinished, or clef-quant did not make it), and the other checks still run;
 - code: no file that may run code (`.py`, pickles, shared libraries, scripts, executables) and no `auto_map` key
   unless the manifest lists it as included on purpose (`included`, or the files `card` added);
-- head: `clef_head/joint_head.safetensors` and `joint_head_config.json` present.
+- head: `joint_head.safetensors` and `joint_head_config.json` at the root, where every engine looks (an older
+  release's `clef_head/` passes with a note: only clef-vllm reads it).
 
 A `DIR.partial` (or any folder holding a writer marker of quantize, make-tiny, build-data or card) is
 unfinished: it fails at once with one line, nothing else is read. A bf16 source release (no quantization_config,
@@ -95,7 +96,7 @@ def inspect_checkpoint(folder: str | Path, *, verify_hashes: bool = True) -> Ins
     is_source = is_source and not (folder / HEAD_SUBDIR).exists()
     manifest_check = check_manifest(folder, manifest, manifest_error, is_source, verify_hashes, violations)
     code_check = check_code(folder, manifest, is_source, violations, notes)
-    head_check = check_head(folder, bool(quantization_config), violations)
+    head_check = check_head(folder, violations, notes)
 
     kept = [m.name for m in modules if m.scheme == BF16 and not is_kept_bf16(m.name)]
     if quantization_config and kept:

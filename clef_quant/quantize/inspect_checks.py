@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import filecmp
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from clef_quant.quantize.schemes import BF16, fused_groups_of
 from clef_quant.quantize.stored_tensors import StoredTensor, read_tensor
 from clef_quant.release_folder.manifest import MANIFEST_FILE, symlinks_in, verify_manifest
 from clef_quant.release_folder.writer import OWNER_FILE, PARTIAL_SUFFIX
-from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS
+from clef_vllm.head_files import HEAD_CONFIG, HEAD_FILES, HEAD_SUBDIR, HEAD_WEIGHTS
 
 
 def unfinished_violations(folder: Path) -> list[Violation]:
@@ -167,19 +168,27 @@ def check_code(
     return CheckResult(CHECK_CODE, "pass", f"{len(found)} included on purpose" if found else "none")
 
 
-def check_head(folder: Path, quantized: bool, violations: list[Violation]) -> CheckResult:
-    head_dir = folder / HEAD_SUBDIR
-    missing = [name for name in (HEAD_WEIGHTS, HEAD_CONFIG) if not (head_dir / name).is_file()]
-    if not missing:
-        return CheckResult(CHECK_HEAD, "pass", f"{HEAD_SUBDIR}/{HEAD_WEIGHTS}, {HEAD_SUBDIR}/{HEAD_CONFIG}")
-    at_root = all((folder / name).is_file() for name in (HEAD_WEIGHTS, HEAD_CONFIG))
-    if at_root and not quantized:
-        return CheckResult(CHECK_HEAD, "pass", "head at the release root (an unquantized release)")
-    for name in missing:
-        message = (
-            "missing; the head is at the release root, but a quantized release keeps it in clef_head/"
-            if at_root
-            else "missing"
+def check_head(folder: Path, violations: list[Violation], notes: list[str]) -> CheckResult:
+    """The head at the root, where every engine looks; `clef_head/` (older quantized releases) is read by clef-vllm
+    only, so it passes with a note."""
+    at_root = [name for name in HEAD_FILES if (folder / name).is_file()]
+    legacy = [name for name in HEAD_FILES if (folder / HEAD_SUBDIR / name).is_file()]
+    if len(at_root) == len(HEAD_FILES):
+        for name in legacy:
+            if not filecmp.cmp(folder / name, folder / HEAD_SUBDIR / name, shallow=False):
+                message = f"differs from {name} at the root, which engines read"
+                violations.append(Violation(CHECK_HEAD, f"{HEAD_SUBDIR}/{name}", message))
+        if legacy:
+            notes.append(f"{HEAD_SUBDIR}/ holds a copy of the head; engines read the one at the root")
+        failed = any(v.check == CHECK_HEAD for v in violations)
+        return CheckResult(CHECK_HEAD, "fail" if failed else "pass", f"{HEAD_WEIGHTS}, {HEAD_CONFIG} at the root")
+    if not at_root and len(legacy) == len(HEAD_FILES):
+        notes.append(
+            f"the head is in {HEAD_SUBDIR}/ (the layout of older quantized releases): clef-vllm reads it, but vLLM >= "
+            "0.33, SGLang and llama.cpp see no Clef model; quantize again for the root layout"
         )
-        violations.append(Violation(CHECK_HEAD, f"{HEAD_SUBDIR}/{name}", message))
-    return CheckResult(CHECK_HEAD, "fail", f"{len(missing)} head file(s) missing")
+        return CheckResult(CHECK_HEAD, "pass", f"{HEAD_SUBDIR}/{HEAD_WEIGHTS}, {HEAD_SUBDIR}/{HEAD_CONFIG}")
+    for name in HEAD_FILES:
+        if name not in at_root:
+            violations.append(Violation(CHECK_HEAD, name, "missing at the release root"))
+    return CheckResult(CHECK_HEAD, "fail", f"{len(HEAD_FILES) - len(at_root)} head file(s) missing")

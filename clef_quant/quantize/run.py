@@ -4,9 +4,10 @@ The sequence: resolve the source and check everything that can be checked withou
 output folder, head, calibration file); encode the calibration requests (NVFP4 family); load the backbone;
 resolve the recipe against its Linear modules and refuse a plan that touches the keep-list or splits a fused
 group; run llm-compressor's `oneshot` with the qkv/z pair added to its fused-scale groups; save the compressed backbone
-into `DIR.partial`; copy what the allowlist of `contents` names (head into `clef_head/`, tokenizer, processor,
-chat template, generation config, licences, the source card, `joint_schema_model.py`) and nothing else, without
-`auto_map` keys; write the manifest last; then every file is set to 0644 and `DIR.partial` renamed to `DIR`.
+into `DIR.partial` with a weights index naming only its shards; copy what the allowlist of `contents` names (head
+at the root, tokenizer, processor, chat template, generation config, licences, the source card,
+`joint_schema_model.py`) and nothing else, without `auto_map` keys; write the manifest last; then every file is set
+to 0644 and `DIR.partial` renamed to `DIR`.
 
 Data-free schemes (`streaming.STREAMING_DEFAULT_SCHEMES`, or any data-free recipe with `streaming=True`) take
 the streaming path instead of loading, calibrating and saving: the same plan made on the meta device, then the

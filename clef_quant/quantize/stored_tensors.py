@@ -18,10 +18,13 @@ class StoredTensor:
 
 
 def read_tensor_index(folder: Path) -> dict[str, StoredTensor]:
-    """Name -> (file, dtype, shape) for every tensor of the backbone files in `folder` (headers only)."""
+    """Name -> (file, dtype, shape) for every tensor of the backbone files in `folder` (headers only); the head's
+    file at the root is not one of them."""
     from safetensors import safe_open
 
-    files = sorted(Path(folder).glob("*.safetensors"))
+    from clef_quant.quantize.release_files import backbone_weight_files
+
+    files = backbone_weight_files(Path(folder))
     if not files:
         raise CheckpointError(f"{folder} has no .safetensors files")
     index: dict[str, StoredTensor] = {}

@@ -1,5 +1,9 @@
 """The head's two files in a release folder: `joint_head_config.json` and `joint_head.safetensors`.
 
+They sit at the folder's root, where Cloudflare's releases keep them and where vLLM >= 0.33, SGLang and
+llama.cpp look for them; quantized releases made before that layout keep them in `clef_head/`, and those are
+still read.
+
 Reading is strict: an unknown, missing or ill-typed config key, a missing or extra weight, a wrong shape
 are all named at once, because a partial or renamed head would otherwise score with random weights and still
 return plausible numbers. Writing is deterministic, since releases are diffed by hash.
@@ -22,7 +26,8 @@ from clef_vllm.head import JointSchemaHead
 
 HEAD_WEIGHTS = "joint_head.safetensors"
 HEAD_CONFIG = "joint_head_config.json"
-HEAD_SUBDIR = "clef_head"
+HEAD_FILES = (HEAD_WEIGHTS, HEAD_CONFIG)
+HEAD_SUBDIR = "clef_head"  # the legacy layout of older quantized releases
 
 
 class HeadConfig(BaseModel):
@@ -156,12 +161,19 @@ def save_head(head: JointSchemaHead, folder: str | Path) -> Path:
 
 
 def find_head_dir(release_dir: str | Path) -> Path:
-    """The folder holding the head: `clef_head/` in our quantized releases, the root in the originals."""
+    """The folder holding the head: the release's root, else `clef_head/` (quantized releases of the old layout)."""
     release_dir = Path(release_dir)
-    for candidate in (release_dir / HEAD_SUBDIR, release_dir):
-        if (candidate / HEAD_WEIGHTS).is_file() and (candidate / HEAD_CONFIG).is_file():
+    for candidate in (release_dir, release_dir / HEAD_SUBDIR):
+        if all((candidate / name).is_file() for name in HEAD_FILES):
             return candidate
     raise CheckpointError(
         f"no joint schema head in {release_dir}: expected {HEAD_WEIGHTS} and {HEAD_CONFIG} "
-        f"in {release_dir / HEAD_SUBDIR} or {release_dir}"
+        f"in {release_dir} (or {release_dir / HEAD_SUBDIR}, the layout of older quantized releases)"
     )
+
+
+def head_prefix(release_dir: str | Path) -> str:
+    """Where the head's files are, relative to the release: "" at the root, "clef_head/" in the old layout."""
+    release_dir = Path(release_dir)
+    head_dir = find_head_dir(release_dir)
+    return "" if head_dir == release_dir else f"{HEAD_SUBDIR}/"

@@ -130,7 +130,7 @@ def _per_question_softmax(logits: torch.Tensor, counts: tuple[int, ...]) -> torc
 
 @default_pooling_type(tok_pooling_type="ALL")
 class ClefFlashForJointSchema(Qwen3_5ForConditionalGeneration):
-    """Qwen3.5 backbone plus the Clef joint schema head, read from `clef_head/` or the release's top level."""
+    """Qwen3.5 backbone plus the Clef joint schema head, read from the release's root (or `clef_head/`)."""
 
     is_pooling_model = True
 
@@ -165,8 +165,9 @@ class ClefFlashForJointSchema(Qwen3_5ForConditionalGeneration):
     ) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in weights:
             if name in head_keys:
-                # Without a weights index vLLM reads every *.safetensors in the folder, the release's
-                # top-level joint_head.safetensors included; the head is loaded from its own file below.
+                # Without a weights index vLLM reads every *.safetensors in the folder, the root's
+                # joint_head.safetensors included (our releases list only backbone shards in theirs); the
+                # head is loaded from its own file below, strictly.
                 continue
             if name in LEXICAL_TABLE_NAMES:
                 captured[name] = tensor.detach().to("cpu", copy=True)
