@@ -6,8 +6,8 @@ variables and background servers carry over, and each Python block runs as `pyth
 venv's scripts come first on PATH. Only blocks marked in README.md with `<!-- not run: REASON -->` on the line right
 before them are left out (the Hub, a GPU, the whole suite).
 
-Port 8000, which the README's servers use, may be taken on a shared machine: every `8000` in a block is replaced by
-one free port. Everything else runs verbatim.
+Ports 8000 and 8001, which the README's servers use, may be taken on a shared machine: each is replaced in every
+block by a free port of its own. Everything else runs verbatim.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from clef_quant.bench.processes import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-README_PORT = "8000"
+README_PORTS = ("8000", "8001")
 NOT_RUN = re.compile(r"^<!-- not run: (?P<why>.+) -->$")
 FENCE = re.compile(r"^```(?P<lang>\w*)\n(?P<code>.*?)^```$", re.MULTILINE | re.DOTALL)
 RUN_LANGS = ("bash", "python")
@@ -56,11 +56,11 @@ def readme_blocks(text: str) -> list[Block]:
     return blocks
 
 
-def session_script(blocks: list[Block], scratch: Path, port: str) -> str:
+def session_script(blocks: list[Block], scratch: Path, ports: dict[str, str]) -> str:
     """One bash script that runs every block in order and brackets each with start/end lines (with the time)."""
     lines = ["set -e -o pipefail", "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT"]
     for number, block in enumerate(blocks):
-        code = re.sub(rf"\b{README_PORT}\b", port, block.code)
+        code = re.sub(rf"\b({'|'.join(ports)})\b", lambda m: ports[m[1]], block.code)
         lines.append(f'printf "\\n::start {number} %s\\n" "$EPOCHREALTIME"')
         if block.lang == "python":
             path = scratch / f"readme_block_{block.line}.py"
@@ -94,7 +94,8 @@ def test_readme_examples_run_as_written(tmp_path: Path) -> None:
     blocks = [b for b in readme_blocks(README.read_text(encoding="utf-8")) if not b.not_run]
     shutil.copytree(REPO / "examples", tmp_path / "examples")
     script = tmp_path / "readme.sh"
-    script.write_text(session_script(blocks, tmp_path, str(free_port())), encoding="utf-8")
+    ports = {port: str(free_port()) for port in README_PORTS}
+    script.write_text(session_script(blocks, tmp_path, ports), encoding="utf-8")
     log = tmp_path / "readme.log"
     began = time.monotonic()
     with log.open("wb") as out:
