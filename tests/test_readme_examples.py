@@ -121,7 +121,9 @@ def test_readme_examples_run_as_written(tmp_path: Path) -> None:
         tail = output.split(f"::start {failed} ")[-1][-4000:] if failed is not None else output[-4000:]
         pytest.fail(f"exit {code} in the block at {where}:\n{tail}")
     assert sorted(ended) == list(range(len(blocks)))
-    assert "Traceback" not in output and '{"error"' not in output, output[-4000:]
+    # A failing command already ended the session; this catches an error body a server answered with. (No check for
+    # tracebacks: vLLM's server logs one of its own when `kill %python` stops it.)
+    assert '{"error"' not in output, output[-4000:]
 
 
 def with_group_gone(process: subprocess.Popen) -> None:
