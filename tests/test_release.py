@@ -185,6 +185,63 @@ def expected_cells(results_dir: Path, level: str) -> dict[tuple[str, str, str], 
 
 
 @pytest.mark.slow
+def test_card_front_matter_has_the_eval_results_of_every_task(carded: Path, results_dir: Path) -> None:
+    """model-index, as the Hub's parser reads it: accuracy, agreement and KL of this release for each task."""
+    from huggingface_hub import ModelCard
+
+    results = json.loads((results_dir / "results.json").read_text())
+    this = next(s for s in results["sides"] if s["role"] == "candidate")
+    summary = results["data"]["summary"]["tasks"]
+    card = ModelCard.load(carded / "README.md", ignore_metadata_errors=False)
+    assert card.data.model_name == REPO_ID
+    found = {(r.task_name, r.metric_type): r for r in card.data.eval_results}
+    tasks = [t for t in results["tasks"] if t["name"] != ALL]
+    assert len(tasks) == 7 and len(found) == len(card.data.eval_results) == 7 * 3
+    for task in tasks:
+        for metric, metric_type in (("accuracy", "accuracy"), ("agreement", "agreement"), ("kl", "kl_divergence")):
+            entry = found[task["title"], metric_type]
+            assert entry.metric_value == pytest.approx(results["values"][this["key"]][task["name"]][metric], abs=1e-6)
+            assert (
+                entry.task_type == "multiple-choice" and entry.dataset_split == summary[task["name"]]["eval"]["split"]
+            )
+            # Fixture rows: named as stand-ins, never as the Hub dataset they imitate.
+            dataset_id = summary[task["name"]]["dataset"]["id"]
+            assert entry.dataset_type == f"eval/fixtures/{dataset_id}" and "stand-in" in entry.dataset_name
+
+
+@pytest.mark.slow
+def test_card_prose_says_what_the_release_is(
+    quantized_dir: Any, tiny_dir: Path, results_dir: Path, tmp_path: Path
+) -> None:
+    """Without --notice: the random-weights warning (from make-tiny's card), what the plugin serves of media, and
+    the commands that made it, from its real source and with every flag."""
+    folder = fresh_copy(quantized_dir, tmp_path)
+    result = write_card(folder, results_dir, "--no-plots")
+    assert result.exit_code == 0, result.output
+    card = (folder / "README.md").read_text()
+    intro = card.split("## Contents")[0]
+    assert "> **Warning:** random weights" in intro and "`clef-quant make-tiny`" in intro and "seed 0" in intro
+    hardware, limits = section(card, "Hardware"), section(card, "Limits")
+    assert "not served" not in card
+    assert "the clef-vllm plugin serves them through every front end" in hardware
+    assert "up to 8 images and 2 videos per request" in hardware
+    assert "Images and videos are served (see Hardware) but not evaluated here" in limits
+    reproduce = section(card, "Reproduce").split("```bash\n")[1].split("```")[0].splitlines()
+    assert reproduce == [
+        f"clef-quant make-tiny {tiny_dir} --size tiny --seed 0",
+        f"clef-quant build-data --out {results_dir.parent / 'data'} --source fixtures --per-task {PER_TASK} "
+        "--calibration 0 --seed 0",
+        f"clef-quant quantize {tiny_dir} --scheme fp8-dynamic --out {folder}",
+        f"clef-quant eval --reference {tiny_dir} --candidate {quantized_dir('fp8-dynamic')} "
+        f"--data {results_dir.parent / 'data'} --out {results_dir} --max-model-len 4096 --eager",
+        f"clef-quant card {folder} --results {results_dir} --base-model {BASE_MODEL} --license apache-2.0 "
+        f"--repo-id {REPO_ID} --no-plots",
+        f"clef-quant upload {folder} --repo-id {REPO_ID}",
+    ]
+    assert BASE_MODEL not in "\n".join(reproduce[:4])  # quantized from the tiny folder, not from clef-flash
+
+
+@pytest.mark.slow
 def test_card_shows_every_side_and_quality_metric_of_results_json(carded: Path, results_dir: Path) -> None:
     card = (carded / "README.md").read_text()
     details = card.split("<summary>Every side and every metric")[1].split("</details>")[0]
@@ -195,20 +252,33 @@ def test_card_shows_every_side_and_quality_metric_of_results_json(carded: Path, 
     assert len(summary) == 2 + 7 + 1 and summary[-1].startswith("| **All** |")
 
 
+def section(card: str, title: str) -> str:
+    """One `## title` section of a card, up to the next one."""
+    return card.split(f"\n## {title}\n")[1].split("\n## ")[0]
+
+
 @pytest.mark.slow
-def test_card_without_a_throughput_report_shows_the_eval_speed_table(carded: Path, results_dir: Path) -> None:
-    throughput = (carded / "README.md").read_text().split("## Throughput")[1].split("## Quickstart")[0]
+def test_card_without_a_throughput_report_says_none_was_measured(carded: Path, results_dir: Path) -> None:
+    throughput = section((carded / "README.md").read_text(), "Throughput")
+    assert "No throughput was measured for this release" in throughput and "records/s" not in throughput
     speed = next(t for t in tables(throughput) if t.startswith("| task | records | questions |"))
-    assert side_group_cells(speed) == expected_cells(results_dir, "record")
+    assert side_group_cells(speed) == expected_cells(results_dir, "record")  # eval's own timing, named as such
 
 
-def throughput_report(tmp_path: Path) -> Path:
-    """A `bench throughput` report as the bench writes it: markdown, with its JSON beside it."""
+def fingerprint(folder: Path) -> str:
+    from clef_quant.release_folder.fingerprints import folder_fingerprint
+
+    return folder_fingerprint(folder).sha256
+
+
+def throughput_report(tmp_path: Path, measured: str | None = None) -> Path:
+    """A `bench throughput` report as the bench writes it: markdown, with its JSON beside it. Its FP8 row measured
+    the folder of fingerprint `measured` (None: a report from before rows named their files)."""
     from clef_quant.bench.throughput_report import ThroughputResult, ThroughputRow, write_report
 
     rows = (
-        ThroughputRow("bf16 reference", "transformers", "tiny", 8, 4000, 4.0, 1.0),
-        ThroughputRow("plugin FP8_DYNAMIC", "vLLM plugin", "tiny-FP8_DYNAMIC", 8, 4000, 0.5, 3.0),
+        ThroughputRow("bf16 reference", "transformers", "tiny", 8, 4000, 4.0, 1.0, "0" * 64),
+        ThroughputRow("plugin FP8_DYNAMIC", "vLLM plugin", "tiny-FP8_DYNAMIC", 8, 4000, 0.5, 3.0, measured),
     )
     report = ThroughputResult(
         "test machine", "2026-01-01 00:00 UTC", "0.0", {}, "data", 8, 4000, 8, 4096, "cpu", {}, rows
@@ -220,14 +290,35 @@ def throughput_report(tmp_path: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("given", ["markdown", "json"])
 def test_card_shows_a_throughput_report(quantized_dir: Any, results_dir: Path, tmp_path: Path, given: str) -> None:
-    markdown = throughput_report(tmp_path)
     folder = fresh_copy(quantized_dir, tmp_path)
+    markdown = throughput_report(tmp_path, measured=fingerprint(folder))
     path = markdown if given == "markdown" else markdown.with_suffix(".json")
     result = write_card(folder, results_dir, "--throughput", path, "--no-plots")
     assert result.exit_code == 0, result.output
-    throughput = (folder / "README.md").read_text().split("## Throughput")[1].split("## Quickstart")[0]
+    throughput = section((folder / "README.md").read_text(), "Throughput")
     table = next(t for t in tables(markdown.read_text()) if "records/s" in t)
     assert table in throughput and "machine: test machine" in throughput
+    assert '"plugin FP8_DYNAMIC" row measured these very files' in throughput
+    assert (read_manifest(folder) or {})[CARD_SECTION]["throughput"] == str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("measured", [None, "f" * 64])
+def test_card_shows_no_throughput_of_other_folders(
+    quantized_dir: Any, results_dir: Path, tmp_path: Path, measured: str | None
+) -> None:
+    """A report of other files (or one that does not say which) is not this release's throughput."""
+    folder = fresh_copy(quantized_dir, tmp_path)
+    markdown = throughput_report(tmp_path, measured=measured)
+    result = write_card(folder, results_dir, "--throughput", markdown, "--no-plots")
+    assert result.exit_code == 0, result.output
+    assert f"warning: --throughput {markdown} did not measure {folder}" in result.output
+    card = (folder / "README.md").read_text()
+    throughput = section(card, "Throughput")
+    assert "No throughput was measured for this release" in throughput and '"tiny-FP8_DYNAMIC"' in throughput
+    assert "records/s" not in throughput and "test machine" not in card
+    assert "bench throughput ..." not in section(card, "Reproduce")
+    assert (read_manifest(folder) or {})[CARD_SECTION]["throughput"] is None
 
 
 @pytest.mark.slow
@@ -296,7 +387,7 @@ def test_card_files_join_the_manifest_and_inspect_passes(carded: Path) -> None:
     added = set(section["files"])
     assert {"README.md", *PLOTS} <= added
     assert {f"vllm_plugin/{n}" for n in tree_files(REPO / "vllm_plugin")} <= added
-    assert {f"scripts/{n}" for n in tree_files(REPO / "scripts")} <= added
+    assert {n for n in added if n.startswith("scripts/")} == {"scripts/patch_torchvision.py"}
     assert not any("__pycache__" in n or ".egg-info" in n or n.endswith(".pyc") for n in added)
     assert added <= set(manifest["files"]) and section["repo_id"] == REPO_ID
     assert [p.name for p in carded.parent.iterdir()] == [carded.name]  # the staging folder is gone
@@ -438,6 +529,9 @@ def test_dry_run_lists_every_file_and_sends_nothing(carded: Path, tmp_path: Path
     assert done.returncode == 0, done.stderr
     listed = dict(re.findall(r"^\s+(\d+)\s+(\S+)$", done.stdout, flags=re.MULTILINE))
     assert sorted(listed.values()) == expected_files(carded)
+    # The model repo gets what serves it: the plugin and the CPU fix, not the project's demo or fixture scripts.
+    assert [p for p in listed.values() if p.startswith("scripts/")] == ["scripts/patch_torchvision.py"]
+    assert "vllm_plugin/pyproject.toml" in listed.values()
     sizes = {path: int(size) for size, path in listed.items()}
     assert all(sizes[p] == (carded / p).stat().st_size for p in sizes)
     assert f"would create public model repo {REPO_ID}" in done.stdout and "token: found" in done.stdout

@@ -16,6 +16,7 @@ from clef_quant.tiny import build as build_module
 from clef_quant.tiny.tokenizer import SPECIAL_TOKENS, THINK_TOKENS
 
 RELEASE_FILES = {
+    "README.md",
     "chat_template.jinja",
     "config.json",
     "generation_config.json",
@@ -49,7 +50,7 @@ def test_same_seed_gives_identical_bytes(tiny_dir: Path, tmp_path: Path) -> None
 def test_other_seed_changes_only_the_weights(tiny_dir: Path, tmp_path: Path) -> None:
     first, other = digests(tiny_dir), digests(make_tiny(tmp_path / "other", seed=1))
     changed = {name for name in first if first[name] != other[name]}
-    assert changed == {"model.safetensors", "joint_head.safetensors"}
+    assert changed == {"model.safetensors", "joint_head.safetensors", "README.md"}  # the card names the seed
 
 
 def test_backbone_loads_strictly_and_gives_finite_states(tiny_dir: Path) -> None:

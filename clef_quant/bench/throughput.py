@@ -13,6 +13,7 @@ then all records timed. The time is model time: records are encoded before the c
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from clef_quant.evaluation.engines import FreshEngines
 from clef_quant.evaluation.scoring import score_plugin, score_reference
 from clef_quant.evaluation.store import tool_versions
 from clef_quant.formatting import utc_minute
+from clef_quant.release_folder.fingerprints import folder_fingerprint
 from clef_vllm.encoding import Encoding, encode_request
 from clef_vllm.errors import ClefError
 from clef_vllm.request import ClefRequest, parse_request
@@ -153,4 +155,11 @@ def _row(
         tokens=sum(e.num_tokens for e in encodings),
         seconds=sum(seconds for _, seconds in timed),
         load_seconds=load,
+        sha256=_fingerprint(str(folder)),
     )
+
+
+@functools.cache
+def _fingerprint(folder: str) -> str | None:
+    """The model fingerprint a card matches the row against; None for a Hub id (nothing local to hash)."""
+    return folder_fingerprint(Path(folder)).sha256 if Path(folder).is_dir() else None

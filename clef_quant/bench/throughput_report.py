@@ -8,7 +8,7 @@ functions the markdown is made of, so a card and the report it shows cannot disa
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,9 @@ class ThroughputRow:
     tokens: int
     seconds: float
     load_seconds: float  # model load (reference) or engine start (plugin), not in `seconds`
+    # The folder's model fingerprint (release_folder.fingerprints): a card shows a report only for the files it
+    # measured. None in reports written before it was recorded.
+    sha256: str | None = None
 
     @property
     def records_per_s(self) -> float:
@@ -128,10 +131,17 @@ def read_report(path: Path) -> tuple[ThroughputResult, str]:
     if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
         found = data.get("format") if isinstance(data, dict) else None
         raise ClefError(f"{path} has format {found!r}; a throughput report's JSON has {REPORT_FORMAT}")
-    row_fields = [f.name for f in fields(ThroughputRow)]
+    row_fields = [f.name for f in fields(ThroughputRow) if f.default is MISSING]
+    optional_fields = [f.name for f in fields(ThroughputRow) if f.default is not MISSING]
     result_fields = [f.name for f in fields(ThroughputResult) if f.name != "rows"]
     try:
-        rows = tuple(ThroughputRow(**{name: row[name] for name in row_fields}) for row in data["rows"])
+        rows = tuple(
+            ThroughputRow(
+                **{name: row[name] for name in row_fields},
+                **{name: row[name] for name in optional_fields if name in row},
+            )
+            for row in data["rows"]
+        )
         result = ThroughputResult(**{name: data[name] for name in result_fields}, rows=rows)
     except (KeyError, TypeError) as exc:
         raise ClefError(f"{path} lacks a field of a throughput report: {exc}") from None

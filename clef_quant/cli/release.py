@@ -43,15 +43,18 @@ def card(
     notice: Annotated[str | None, typer.Option(help="A warning shown first on the card.")] = None,
     plots: Annotated[bool, typer.Option(help="Draw the PNG plots (matplotlib).")] = True,
 ) -> None:
-    """Write DIR/README.md (Hub model card) with plots, copy vllm_plugin/ and scripts/ in, add them to the manifest.
+    """Write DIR/README.md (Hub model card) with plots, copy vllm_plugin/ (and the CPU fix of scripts/) in, add them
+    to the manifest.
 
     Examples:
-      clef-quant card artifacts/tiny-NVFP4 --results results/tiny --base-model ORG/NAME --license apache-2.0
+      clef-quant card artifacts/tiny-NVFP4 --results artifacts/results --base-model ORG/NAME --license apache-2.0
       clef-quant card flash-NVFP4 --results results/flash --throughput bench/results/throughput-h200.json
     """
     from clef_quant.publish.card import CardConfig, write_card
 
     result = write_card(config_from(CardConfig, locals()))
+    for warning in result.warnings:
+        typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     typer.echo(f"wrote {result.card} for {result.repo_id}")
     for plot in result.plots:
         typer.echo(f"  plot {folder / plot}")

@@ -42,8 +42,10 @@ from clef_quant.publish.provenance import (
 from clef_quant.publish.reproduce import reproduce_commands
 from clef_quant.publish.results import EvalResults, read_results, read_throughput
 from clef_quant.publish.upload import validate_repo_id
+from clef_quant.release_folder.fingerprints import manifest_fingerprint
 from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, CARD_SECTION, MANIFEST_FILE, is_card_owned
 from clef_quant.release_folder.versions import tool_versions
+from clef_quant.tiny.card import made_by_make_tiny
 from clef_vllm.head_files import HEAD_WEIGHTS, head_prefix
 
 if TYPE_CHECKING:
@@ -54,6 +56,13 @@ BASE_TAGS = ("clef", "systemone", "compressed-tensors", "llm-compressor", "vllm"
 REQUIRED_FRONT_MATTER = ("license", "base_model", "base_model_relation", "library_name", "tags")
 # The facts of a throughput report the card names next to its table (the rest are in the report itself).
 THROUGHPUT_FACTS = ("machine", "device", "date", "records")
+# The model-index entries per task: (results metric, Hub metric type, shown name).
+EVAL_METRICS = (
+    ("accuracy", "accuracy", "accuracy"),
+    ("agreement", "agreement", "top-1 agreement with bf16"),
+    ("kl", "kl_divergence", "KL(bf16 || this release), nats"),
+)
+EVAL_TASK_TYPE = "multiple-choice"  # every task is a SystemOne choice (or noul) over given options
 # A request the quickstart sends; tests check it is a valid SystemOne request.
 EXAMPLE_REQUEST: dict[str, Any] = {
     "model": "MODEL",
@@ -95,6 +104,7 @@ class CardResult:
     plots: list[str]
     copied: int
     added: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 def write_card(config: CardConfig) -> CardResult:
@@ -121,7 +131,17 @@ def write_card(config: CardConfig) -> CardResult:
     repo_id = config.repo_id or default_repo_id(base_model, manifest["scheme"])
     validate_repo_id(repo_id)  # the quickstart names it; a bad one would only fail at upload
     results = read_results(config.results, folder, manifest)
-    throughput = read_throughput(config.throughput) if config.throughput else None
+    tiny = made_by_make_tiny(front_matter)
+    warnings: list[str] = []
+    throughput = None
+    if config.throughput:
+        throughput = throughput_context(*read_throughput(config.throughput), manifest_fingerprint(manifest))
+        if not throughput["rows"]:
+            warnings.append(
+                f"--throughput {config.throughput} did not measure {folder} (no row has its model fingerprint "
+                f"{manifest_fingerprint(manifest)[:12]}; it measured {', '.join(throughput['folders'])}): the card "
+                "says no throughput was measured; run clef-quant bench throughput on this folder"
+            )
 
     with staging_dir(folder) as staging:
         plots: list[dict[str, str]] = []
@@ -143,7 +163,8 @@ def write_card(config: CardConfig) -> CardResult:
             results=results,
             throughput=throughput,
             plots=plots,
-            notice=config.notice,
+            config=config,
+            tiny=tiny,
             staged_files=folder_facts.staged_sizes(staging),
         )
         text = render_card(context)
@@ -156,7 +177,7 @@ def write_card(config: CardConfig) -> CardResult:
             "base_model": base_model,
             "license": license_data["license"],
             "results": {"folder": str(config.results), "sha256": results.json_sha256},
-            "throughput": str(config.throughput) if config.throughput else None,
+            "throughput": str(config.throughput) if throughput and throughput["rows"] else None,
         }
         updated = install_card_files(folder, staging, manifest, section)
     return CardResult(
@@ -166,6 +187,7 @@ def write_card(config: CardConfig) -> CardResult:
         plots=[plot["path"] for plot in plots],
         copied=len(copied),
         added=updated[CARD_SECTION]["files"],
+        warnings=warnings,
     )
 
 
@@ -179,9 +201,10 @@ def card_context(
     license_data: dict[str, Any],
     repo_id: str,
     results: EvalResults,
-    throughput: tuple[ThroughputResult, str] | None,
+    throughput: dict[str, Any] | None,
     plots: list[dict[str, str]],
-    notice: str | None,
+    config: CardConfig,
+    tiny: dict[str, Any] | None,
     staged_files: dict[str, int],
 ) -> dict[str, Any]:
     """Everything the template shows, as plain data (the templates hold prose and layout only)."""
@@ -198,6 +221,8 @@ def card_context(
         tags=list(dict.fromkeys([*BASE_TAGS[:2], scheme, *BASE_TAGS[2:]])),
         datasets=results.datasets or None,
         base_model_relation="quantized",
+        model_name=repo_id,
+        eval_results=eval_results(results) or None,
     )
     # Entries of an earlier card run are about to be replaced: the table shows quantize's files and the new ones.
     files = {k: v for k, v in (manifest.get("files") or {}).items() if not is_card_owned(k)}
@@ -208,7 +233,9 @@ def card_context(
         "title": name,
         "repo_id": repo_id,
         "name": name,
-        "notice": notice,
+        "notice": config.notice,
+        "tiny": tiny,
+        "media": media_facts(tables),
         "base_model": base_model,
         "source_revision": source_revision,
         "labels": tables["labels"],
@@ -218,21 +245,81 @@ def card_context(
         "backbone_bytes": folder_facts.backbone_bytes(files),
         "source_bytes": folder_facts.source_backbone_bytes(manifest),
         "results": results,
-        "throughput": throughput_context(*throughput) if throughput else None,
+        "throughput": throughput,
         "plots": plots,
         "files": folder_facts.files_table(files, staged_files),
         "head_dir": f"{head_prefix(folder)}{HEAD_WEIGHTS}",
         "head_bytes": folder_facts.head_bytes(files),
         "manifest_file": MANIFEST_FILE,
-        "reproduce": reproduce_commands(manifest, base_model, source_revision, name, repo_id, results),
+        "reproduce": reproduce_commands(
+            manifest,
+            config,
+            source_revision=source_revision,
+            repo_id=repo_id,
+            results=results,
+            tiny=tiny,
+            throughput_command=throughput["command"] if throughput and throughput["rows"] else None,
+        ),
         "example_request": json.dumps({**EXAMPLE_REQUEST, "model": name}, indent=2),
     }
 
 
-def throughput_context(result: ThroughputResult, command: str) -> dict[str, Any]:
-    """The report's table and the facts the card names, rendered by the functions that wrote the report."""
+def throughput_context(result: ThroughputResult, command: str, fingerprint: str) -> dict[str, Any]:
+    """The report's table and the facts the card names, rendered by the functions that wrote the report, and which
+    of its rows measured this release's files (`rows`; none when the report measured other folders)."""
     facts = report_facts(result, command)
-    return {"facts": {key: facts[key] for key in THROUGHPUT_FACTS}, "table": results_table(result)}
+    return {
+        "facts": {key: facts[key] for key in THROUGHPUT_FACTS},
+        "table": results_table(result),
+        "rows": [row.side for row in result.rows if row.sha256 == fingerprint],
+        "folders": list(dict.fromkeys(row.folder for row in result.rows)),
+        "command": command,
+    }
+
+
+def eval_results(results: EvalResults) -> list[Any]:
+    """The Hub's structured eval results (`model-index`): this release's accuracy, top-1 agreement with the bf16
+    reference and KL from it, per task. Local rows name their source, never a Hub dataset they only imitate."""
+    from huggingface_hub import EvalResult
+
+    found = []
+    for task in results.tasks:
+        spec = (results.data_summary.get("tasks") or {}).get(task.name)
+        if spec is None:  # All: not a dataset
+            continue
+        dataset_id = (spec.get("dataset") or {}).get("id") or task.name
+        dataset = {
+            "dataset_type": dataset_id if results.from_hub else f"{results.data_summary.get('source')}/{dataset_id}",
+            "dataset_name": task.title if results.from_hub else f"{task.title} (synthetic stand-in rows)",
+            "dataset_config": (spec.get("dataset") or {}).get("config"),
+            "dataset_split": (spec.get("eval") or {}).get("split"),
+        }
+        for metric, metric_type, metric_name in EVAL_METRICS:
+            value = results.value(results.this, task.name, metric)
+            if value == value:  # NaN: not measured for this task
+                found.append(
+                    EvalResult(
+                        task_type=EVAL_TASK_TYPE,
+                        task_name=task.title,
+                        metric_type=metric_type,
+                        metric_name=metric_name,
+                        metric_value=round(float(value), 6),
+                        **dataset,
+                    )
+                )
+    return found
+
+
+def media_facts(tables: dict[str, Any]) -> dict[str, Any]:
+    """What the plugin serves of images and videos (its request limits), and whether this folder keeps the vision
+    tower that reads them."""
+    from clef_vllm.request import DEFAULT_LIMITS
+
+    return {
+        "images": DEFAULT_LIMITS.max_images,
+        "videos": DEFAULT_LIMITS.max_videos,
+        "vision": any(row["kind"] == "vision" for row in tables["kept_rows"]),
+    }
 
 
 def render_card(context: dict[str, Any]) -> str:

@@ -43,6 +43,11 @@ from clef_quant.release_folder.staged import scratch_folder
 
 STAGING_SUFFIX = ".card.partial"
 
+# What a user of the model repo needs of a copied tree to serve the folder; a tree not named here is copied whole.
+# Of scripts/ only the CPU fix that `pip install ./vllm_plugin[cpu]` needs: the rest builds clef-quant's own
+# development environment (from files a release does not hold) or runs its demo and fixtures.
+SERVING_FILES = {shipped.SCRIPTS: ("patch_torchvision.py",)}
+
 # Never part of a copied tree: build and cache leftovers that differ from machine to machine.
 _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", "build", "dist"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".egg-info")
@@ -73,13 +78,14 @@ def tree_files(root: Path) -> list[str]:
 
 
 def copy_trees(staging: Path, trees: Iterable[str] = COPIED_TREES) -> list[str]:
-    """Copy each shipped tree into `staging`; returns the copied files (staging-relative)."""
+    """Copy each shipped tree (only its SERVING_FILES, where named) into `staging`; returns the copied files
+    (staging-relative)."""
     copied = []
     for tree in trees:
         with resources.as_file(shipped.folder(tree)) as source:
             if not source.is_dir():
                 raise PublishError(f"cannot find {tree}/ in clef-quant's shipped data ({source}): reinstall clef-quant")
-            for name in tree_files(source):
+            for name in SERVING_FILES.get(tree) or tree_files(source):
                 target = staging / tree / name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source / name, target)

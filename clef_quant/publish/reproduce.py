@@ -1,65 +1,143 @@
-"""The commands that made a release folder, rebuilt from its manifest and RESULTS (not from shell history)."""
+"""The commands that made a release folder and its card, rebuilt from what each step recorded (not shell history).
+
+Every path and flag is the one the run used: the source as the manifest names it (a Hub id at its revision, or the
+local folder, with the `make-tiny` run that wrote it when its card says so), the quantize flags the manifest
+recorded, the DATA folder and eval settings of results.json, the `bench throughput` command of the report the card
+shows, and the card's own flags.
+"""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from clef_quant import shipped
+from clef_quant.evaluation.sources import FIXTURES, HUB
+from clef_quant.evaluation.tasks import load_tasks
 from clef_quant.publish.results import EvalResults
+
+if TYPE_CHECKING:
+    from clef_quant.publish.card import CardConfig
+
+DEFAULT_DEVICE = "cpu"
+DEFAULT_BATCH_SIZE = 8  # clef-quant eval's --batch-size default
 
 
 def reproduce_commands(
     manifest: dict[str, Any],
-    base_model: str,
+    config: CardConfig,
+    *,
     source_revision: str | None,
-    name: str,
     repo_id: str,
     results: EvalResults,
+    tiny: dict[str, Any] | None,
+    throughput_command: str | None,
 ) -> list[str]:
-    """build-data, quantize, eval, card and upload, with the flags that give this folder and these numbers."""
-    calibration = manifest.get("calibration") or {}
-    summary = results.data_summary
-    data_folder = Path(str((results.raw.get("data") or {}).get("folder") or "data"))
+    """make-tiny (when the source is one), build-data, quantize, eval, bench throughput (when shown), card and
+    upload, with the flags that give this folder and these numbers."""
+    source = manifest.get("source") or {}
+    source_id = str(source.get("id") or "")
+    folder = str(config.folder)
+    commands = []
+    if tiny is not None:
+        commands.append(_join("clef-quant", "make-tiny", source_id, "--size", tiny["size"], "--seed", tiny["seed"]))
+    commands.append(_build_data(results))
+    commands.append(_quantize(manifest, source_id, source_revision, folder))
+    commands.append(_evaluate(results, Path(config.results)))
+    if throughput_command:
+        commands.append(throughput_command)
+    commands.append(_card(config, repo_id))
+    commands.append(_join("clef-quant", "upload", folder, "--repo-id", repo_id))
+    return commands
 
-    data = "clef-quant build-data --out data"
+
+def _join(*words: Any) -> str:
+    return shlex.join(str(w) for w in words)
+
+
+def _build_data(results: EvalResults) -> str:
+    summary = results.data_summary
+    words: list[Any] = ["clef-quant", "build-data", "--out", (results.raw.get("data") or {}).get("folder") or "data"]
+    if summary.get("source") and summary["source"] != HUB:
+        # The shipped fixtures are recorded by their repository path; `fixtures` names them wherever clef-quant runs.
+        shipped_fixtures = summary["source"] == shipped.display(shipped.fixtures())
+        words += ["--source", FIXTURES if shipped_fixtures else summary["source"]]
     for flag, key in (("--per-task", "per_task"), ("--calibration", "calibration_requested"), ("--seed", "seed")):
         if summary.get(key) is not None:
-            data += f" {flag} {summary[key]}"
-    if summary.get("source") and summary.get("source") != "hub":
-        data += f" --source {summary['source']}"
+            words += [flag, summary[key]]
+    tasks = list(summary.get("tasks") or {})
+    if tasks and set(tasks) != {task.name for task in load_tasks()}:  # every default task needs no --task
+        for task in tasks:
+            words += ["--task", task]
+    if summary.get("tokenizer"):
+        words += ["--tokenizer", summary["tokenizer"]]
+    return _join(*words)
 
-    recipe_file = str((manifest.get("recipe") or {}).get("file") or "")
-    quantize = f"clef-quant quantize {base_model}"
-    if source_revision:
-        quantize += f" --revision {source_revision}"
-    variables = (manifest.get("recipe") or {}).get("variables") or {}
+
+def _quantize(manifest: dict[str, Any], source_id: str, revision: str | None, out: str) -> str:
+    source = manifest.get("source") or {}
+    recipe = manifest.get("recipe") or {}
+    recipe_file = str(recipe.get("file") or "")
+    variables = recipe.get("variables") or {}
+    calibration = manifest.get("calibration") or {}
+    words: list[Any] = ["clef-quant", "quantize", source_id]
+    if revision and not source.get("local"):
+        words += ["--revision", revision]
     if manifest.get("scheme") == "auto":  # the mix is rebuilt from the scan under the same target
-        target = f"--max-kl {variables['max_kl']}" if variables.get("max_kl") is not None else ""
-        target = target or f"--max-size-gb {variables.get('max_size_gb')}"
-        quantize += f" --scheme auto --scan {Path(recipe_file).name} {target}"
+        words += ["--scheme", "auto", "--scan", recipe_file]  # an auto recipe's file is the scan it came from
+        if variables.get("max_kl") is not None:
+            words += ["--max-kl", variables["max_kl"]]
+        else:
+            words += ["--max-size-gb", variables.get("max_size_gb")]
+    elif shipped.display(Path(recipe_file)).startswith(f"{shipped.RECIPES}/"):  # a --scheme's shipped recipe
+        words += ["--scheme", manifest["scheme"]]
     else:
-        quantize += (
-            f" --scheme {manifest['scheme']}" if "/recipes/" in recipe_file else f" --recipe {Path(recipe_file).name}"
-        )
+        words += ["--recipe", recipe_file]
     if calibration.get("source"):
-        source = Path(str(calibration["source"]))
-        if source.parent == data_folder:  # calibrated on the DATA folder built above
-            quantize += f" --calibration data/{source.name}"
-        elif not str(source).startswith("default:"):
-            quantize += f" --calibration {source}"
-        requested = calibration.get("requested") or calibration.get("records")
-        quantize += f" --calibration-records {requested} --max-seq-len {calibration.get('max_seq_len')}"
-    if ((manifest.get("run") or {}).get("device") or "cpu") != "cpu":
-        quantize += " --device cuda"
+        if not str(calibration["source"]).startswith("default:"):
+            words += ["--calibration", calibration["source"]]
+        words += ["--calibration-records", calibration.get("requested") or calibration.get("records")]
+        words += ["--max-seq-len", calibration.get("max_seq_len")]
+    for included in manifest.get("included") or []:
+        words += ["--include", included]
+    device = (manifest.get("run") or {}).get("device") or DEFAULT_DEVICE
+    if device != DEFAULT_DEVICE:
+        words += ["--device", device]
+    return _join(*words, "--out", out)
 
+
+def _evaluate(results: EvalResults, out: Path) -> str:
     config = results.raw.get("config") or {}
-    evaluate = f"clef-quant eval --reference {base_model} --candidate {name} --data data --out results"
+    words: list[Any] = ["clef-quant", "eval", "--reference", config.get("reference") or results.reference.folder]
+    for candidate in config.get("candidates") or [side.folder for side in results.candidates]:
+        words += ["--candidate", candidate]
+    words += ["--data", (results.raw.get("data") or {}).get("folder") or "data", "--out", out]
     if config.get("max_model_len"):
-        evaluate += f" --max-model-len {config['max_model_len']}"
-    return [
-        data,
-        f"{quantize} --out {name}",
-        evaluate,
-        f"clef-quant card {name} --results results --repo-id {repo_id}",
-        f"clef-quant upload {name} --repo-id {repo_id}",
-    ]
+        words += ["--max-model-len", config["max_model_len"]]
+    if (config.get("batch_size") or DEFAULT_BATCH_SIZE) != DEFAULT_BATCH_SIZE:
+        words += ["--batch-size", config["batch_size"]]
+    if (config.get("reference_device") or DEFAULT_DEVICE) != DEFAULT_DEVICE:
+        words += ["--device", config["reference_device"]]
+    engine = config.get("engine") or {}
+    if str(engine.get("enforce_eager")) == "True":
+        words.append("--eager")
+    if str(engine.get("batch_invariant")) == "False":
+        words.append("--no-batch-invariant")
+    return _join(*words)
+
+
+def _card(config: CardConfig, repo_id: str) -> str:
+    words: list[Any] = ["clef-quant", "card", config.folder, "--results", config.results]
+    for flag, value in (
+        ("--throughput", config.throughput),
+        ("--base-model", config.base_model),
+        ("--license", config.license),
+        ("--notice", config.notice),
+    ):
+        if value:
+            words += [flag, value]
+    words += ["--repo-id", repo_id]
+    if not config.plots:
+        words.append("--no-plots")
+    return _join(*words)

@@ -17,6 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clef_quant import shipped
 from clef_quant.bench.throughput_report import ThroughputResult, json_path, read_report
 from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.frames import probabilities_frame, values_frame
@@ -90,6 +91,24 @@ class EvalResults:
             return []
         ids = [((t.get("dataset") or {}).get("id")) for t in (self.data_summary.get("tasks") or {}).values()]
         return sorted({i for i in ids if i})
+
+    @cached_property
+    def media_tasks(self) -> list[str]:
+        """Titles of the evaluated tasks whose requests carry images (their shipped task file says so)."""
+        from clef_quant.evaluation.tasks import load_task
+
+        found = []
+        for name, task in (self.data_summary.get("tasks") or {}).items():
+            path = str((task.get("task_file") or {}).get("path") or "")
+            if not path.startswith(f"{shipped.EVAL}/"):  # a task file outside clef-quant: not read again here
+                continue
+            try:
+                body = load_task(shipped.folder(shipped.EVAL).joinpath(path.split("/", 1)[1])).body
+            except (ClefError, OSError):  # renamed or removed since: nothing to tell
+                continue
+            if "images" in body.request:
+                found.append(task.get("title", name))
+        return found
 
     def value(self, side: ResultSide, task: str, metric: str) -> float:
         return self.results.value(side, task, metric)

@@ -2,8 +2,9 @@
 
 The folder holds what a release holds: the Qwen3.5 backbone (`config.json`, `model*.safetensors` with
 transformers' module names), the tokenizer and `chat_template.jinja`, the processor (`processor_config.json`,
-so `AutoProcessor` expands image and video placeholders), `generation_config.json`, and the joint schema head
-(`joint_head_config.json`, `joint_head.safetensors`). Only the numbers are random.
+so `AutoProcessor` expands image and video placeholders), `generation_config.json`, the joint schema head
+(`joint_head_config.json`, `joint_head.safetensors`) and a `README.md` that says the weights are random (its front
+matter marks the folder, see `card.py`). Only the numbers are random.
 
 How it is built:
 1. The model's parameter list (names, shapes, module types) comes from transformers' own class, instantiated on
@@ -25,6 +26,7 @@ import torch
 
 from clef_quant.release_folder.staged import staged_folder
 from clef_quant.tiny.backbone_config import backbone_config, generation_config, meta_model, placeholder_ids
+from clef_quant.tiny.card import write_card
 from clef_quant.tiny.checks import check_request
 from clef_quant.tiny.head import head_config, write_head
 from clef_quant.tiny.processor import write_tokenizer_and_processor
@@ -59,6 +61,7 @@ def make_tiny(
         report("head", 0, 1)
         write_head(partial, spec, seed, torch.device(device))
         report("head", 1, 1)
+        write_card(partial, size, seed)
     return out_dir
 
 

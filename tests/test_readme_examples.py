@@ -1,0 +1,137 @@
+"""Every ```bash and ```python block of README.md runs as written, in order, on the tiny checkpoint.
+
+The blocks run in one bash session in a scratch folder holding a copy of the checkout's `examples/`, as a reader
+pasting them into one terminal would: artifacts that one block writes (`artifacts/tiny`, ...) are read by the next,
+variables and background servers carry over, and each Python block runs as `python FILE` from that session. The
+venv's scripts come first on PATH. Only blocks marked in README.md with `<!-- not run: REASON -->` on the line right
+before them are left out (the Hub, a GPU, the whole suite).
+
+Ports 8000 and 8001, which the README's servers use, may be taken on a shared machine: each is replaced in every
+block by a free port of its own. Everything else runs verbatim.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from clef_quant.bench.processes import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+README_PORTS = ("8000", "8001")
+NOT_RUN = re.compile(r"^<!-- not run: (?P<why>.+) -->$")
+FENCE = re.compile(r"^```(?P<lang>\w*)\n(?P<code>.*?)^```$", re.MULTILINE | re.DOTALL)
+RUN_LANGS = ("bash", "python")
+TIMEOUT_S = 1500  # far above a normal run (printed with -s), so only a hung block ends it
+
+
+@dataclass(frozen=True)
+class Block:
+    lang: str
+    code: str
+    line: int  # where the block's fence is in README.md
+    not_run: str | None  # the README's reason for leaving it out
+
+
+def readme_blocks(text: str) -> list[Block]:
+    """The ```bash and ```python blocks of a markdown text, in order, each with its not-run marker (if any)."""
+    blocks = []
+    for match in FENCE.finditer(text):
+        if match["lang"] not in RUN_LANGS:
+            continue
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+        marker = NOT_RUN.match(before)
+        line = text.count("\n", 0, match.start()) + 1
+        blocks.append(Block(match["lang"], match["code"], line, marker["why"] if marker else None))
+    return blocks
+
+
+def session_script(blocks: list[Block], scratch: Path, ports: dict[str, str]) -> str:
+    """One bash script that runs every block in order and brackets each with start/end lines (with the time)."""
+    lines = ["set -e -o pipefail", "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT"]
+    for number, block in enumerate(blocks):
+        code = re.sub(rf"\b({'|'.join(ports)})\b", lambda m: ports[m[1]], block.code)
+        lines.append(f'printf "\\n::start {number} %s\\n" "$EPOCHREALTIME"')
+        if block.lang == "python":
+            path = scratch / f"readme_block_{block.line}.py"
+            path.write_text(code, encoding="utf-8")
+            lines.append(f"python {path.name}")
+        else:
+            lines.append(code.rstrip("\n"))
+        lines.append(f'printf "\\n::end {number} %s\\n" "$EPOCHREALTIME"')
+    return "\n".join(lines) + "\n"
+
+
+def session_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "VLLM_"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    # Offline: a block that reached for the Hub without saying so would fail here instead of downloading.
+    env.update(HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost")
+    env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # the default reserves most of the machine's memory for the tiny model
+    return env
+
+
+def test_readme_marks_only_hub_gpu_or_suite_blocks_as_not_run() -> None:
+    blocks = readme_blocks(README.read_text(encoding="utf-8"))
+    reasons = [b.not_run for b in blocks if b.not_run]
+    assert len(blocks) - len(reasons) >= 12  # the examples themselves are run, not marked away
+    assert all(re.search(r"Hub|GPU|suite", why) for why in reasons), reasons
+    assert len(reasons) <= 6, reasons
+
+
+@pytest.mark.slow
+def test_readme_examples_run_as_written(tmp_path: Path) -> None:
+    blocks = [b for b in readme_blocks(README.read_text(encoding="utf-8")) if not b.not_run]
+    shutil.copytree(REPO / "examples", tmp_path / "examples")
+    script = tmp_path / "readme.sh"
+    ports = {port: str(free_port()) for port in README_PORTS}
+    script.write_text(session_script(blocks, tmp_path, ports), encoding="utf-8")
+    log = tmp_path / "readme.log"
+    began = time.monotonic()
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["bash", script.name], cwd=tmp_path, env=session_env(), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            code = process.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            with_group_gone(process)
+    elapsed = time.monotonic() - began
+    output = log.read_text(encoding="utf-8", errors="replace")
+    started = {int(n): float(t) for n, t in re.findall(r"^::start (\d+) ([\d.]+)$", output, re.MULTILINE)}
+    ended = {int(n): float(t) for n, t in re.findall(r"^::end (\d+) ([\d.]+)$", output, re.MULTILINE)}
+    timings = ", ".join(f"line {blocks[n].line}: {ended[n] - started[n]:.0f} s" for n in sorted(ended))
+    print(f"README examples: {len(blocks)} blocks in {elapsed:.0f} s ({timings})")
+    failed = next((n for n in sorted(started) if n not in ended), None)
+    if failed is not None or code != 0:
+        where = f"README.md line {blocks[failed].line} ({blocks[failed].lang})" if failed is not None else "?"
+        tail = output.split(f"::start {failed} ")[-1][-4000:] if failed is not None else output[-4000:]
+        pytest.fail(f"exit {code} in the block at {where}:\n{tail}")
+    assert sorted(ended) == list(range(len(blocks)))
+    # A failing command already ended the session; this catches an error body a server answered with. (No check for
+    # tracebacks: vLLM's server logs one of its own when `kill %python` stops it.)
+    assert '{"error"' not in output, output[-4000:]
+
+
+def with_group_gone(process: subprocess.Popen) -> None:
+    """Stop whatever the session left running (servers it started in the background), then reap the shell."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        time.sleep(2)
+    process.wait()
