@@ -231,3 +231,12 @@ def test_versions_of_an_uninstalled_source_tree_name_its_commit() -> None:
     for name in ("clef-quant", "clef-vllm"):
         assert versions[name] in (f"source tree {commit}", f"source tree {commit}+dirty"), versions
     assert versions["torch"] is None  # not importable without site-packages: still None, not made up
+
+    # Installed, but imported from this checkout (editable or PYTHONPATH): the version and the checkout's commit.
+    from importlib import metadata
+
+    from clef_quant.release_folder.versions import tool_versions
+
+    here = tool_versions(("clef-quant", "torch"), source_trees=True)
+    assert here["clef-quant"].startswith(f"{metadata.version('clef-quant')} (source tree {commit}"), here
+    assert here["torch"] == metadata.version("torch")  # an installed copy is not a source tree

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import subprocess
 from collections.abc import Iterable
@@ -18,31 +19,39 @@ SCORING_TOOLS = ("clef-quant", "clef-vllm", "torch", "transformers", "vllm", "vl
 SOURCE_PACKAGES = {"clef-quant": "clef_quant", "clef-vllm": "clef_vllm"}
 
 
-def tool_versions(distributions: Iterable[str] = RELEASE_TOOLS) -> dict[str, str | None]:
-    """`{distribution: version}` in the order given; for this project's packages run from an uninstalled
-    source tree, `source tree <commit>` (`+dirty` with uncommitted changes); None for one that is not there."""
+def tool_versions(distributions: Iterable[str] = RELEASE_TOOLS, *, source_trees: bool = False) -> dict[str, str | None]:
+    """`{distribution: version}` in the order given; None for one that is not there. This project's packages run
+    from an uninstalled source tree read `source tree <commit>` (`+dirty` with uncommitted changes); with
+    `source_trees`, installed ones imported from a git checkout (an editable install, or PYTHONPATH over an
+    install) name that checkout's commit after their version too."""
     versions: dict[str, str | None] = {}
     for name in distributions:
+        module = SOURCE_PACKAGES.get(name)
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
-            module = SOURCE_PACKAGES.get(name)
-            versions[name] = source_tree_version(module) if module else None
+            found = importlib.util.find_spec(module) if module else None
+            versions[name] = (source_tree_version(module) or "source tree") if found else None
+            continue
+        if source_trees and module and (tree := source_tree_version(module)):
+            versions[name] += f" ({tree})"
     return versions
 
 
+@functools.cache
 def source_tree_version(module: str) -> str | None:
-    """`source tree <commit>[+dirty]` for an importable package in a git checkout, `source tree` outside one
-    (or without git), None when the package cannot be imported."""
+    """`source tree <commit>[+dirty]` when the package is imported from files tracked in a git checkout, else
+    None (not importable, an installed copy, or no git)."""
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         return None
-    folder = Path(spec.origin).parent
+    origin = Path(spec.origin)
     try:
-        commit = _git(folder, "rev-parse", "--short=12", "HEAD")
-        changed = _git(folder, "status", "--porcelain", "--untracked-files=no", "--", ".")
+        _git(origin.parent, "ls-files", "--error-unmatch", origin.name)  # an installed copy is not tracked
+        commit = _git(origin.parent, "rev-parse", "--short=12", "HEAD")
+        changed = _git(origin.parent, "status", "--porcelain", "--untracked-files=no", "--", ".")
     except (OSError, subprocess.SubprocessError):
-        return "source tree"
+        return None
     return f"source tree {commit}{'+dirty' if changed else ''}"
 
 
