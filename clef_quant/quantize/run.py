@@ -159,7 +159,6 @@ def _run(job: _Job, partial: Path) -> QuantizeResult:
             torch.cuda.reset_peak_memory_stats()
         recipe_obj = parse_recipe(recipe.text)  # a bad modifier fails here, before the model loads
         needs_calibration = recipe_needs_calibration(recipe_obj)
-        tokenizer = load_tokenizer(source_dir)
 
     calibration = CalibrationSummary.unused(config.max_seq_len)
     notes: list[str] = []
@@ -180,6 +179,10 @@ def _run(job: _Job, partial: Path) -> QuantizeResult:
         job.on_stage("saved")
     else:
         del timings["plan"]
+        setup = timings["setup"]
+        with timed(timings, "setup"):  # only oneshot needs the tokenizer (streaming copies its files as they are)
+            tokenizer = load_tokenizer(source_dir)
+        timings["setup"] += setup
         plan, calibration = _oneshot(job, partial, recipe_obj, needs_calibration, tokenizer, notes)
 
     with timed(timings, "copy"):
