@@ -10,7 +10,7 @@ chat template, generation config, licences, the source card, `joint_schema_model
 
 Data-free schemes (`streaming.STREAMING_DEFAULT_SCHEMES`, or any data-free recipe with `streaming=True`) take
 the streaming path instead of loading, calibrating and saving: the same plan made on the meta device, then the
-backbone quantized shard by shard (`streaming`), each shard hashed as it is written. Everything after the
+backbone quantized shard by shard (`streaming`), each shard hashed once written. Everything after the
 backbone (copy, manifest, publish) is the same for both paths.
 
 The output is written through `release_folder.staged_folder`: any failure, Ctrl-C or SIGTERM removes
