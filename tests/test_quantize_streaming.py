@@ -194,3 +194,49 @@ def test_streaming_peak_memory_stays_far_below_loading_the_model(small_sharded: 
     # Both processes import the same libraries; loading the model adds at least its bf16 size on top, streaming
     # about one shard (a quarter of it) and its quantized copy.
     assert peaks["--streaming"] + 0.5 * bf16 < peaks["--no-streaming"], (peaks, bf16)
+
+
+def test_streamed_shards_are_hashed_as_written_and_are_safetensors_own_bytes(small_sharded: Path, built) -> None:
+    import hashlib
+
+    from safetensors.torch import save
+
+    folder = built(small_sharded, "fp8-dynamic", True)
+    files = json.loads((folder / MANIFEST_FILE).read_text())["files"]
+    shards = sorted(folder.glob("model-*.safetensors"))
+    assert len(shards) == 4
+    for shard in shards:
+        data = shard.read_bytes()
+        assert files[shard.name] == {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        # The file is what safetensors itself serializes for these tensors, header and order included.
+        with safe_open(shard, framework="pt") as handle:
+            metadata = handle.metadata()
+        assert save(load_file(shard), metadata=metadata) == data
+
+
+def test_versions_of_an_uninstalled_source_tree_name_its_commit() -> None:
+    import clef_quant
+
+    tree = Path(clef_quant.__file__).resolve().parents[1]
+    commit = subprocess.run(
+        ["git", "-C", str(tree), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    # -S: no site-packages, so neither package has distribution metadata, as when run from PYTHONPATH only.
+    code = (
+        "import json; from clef_quant.release_folder.versions import tool_versions; print(json.dumps(tool_versions()))"
+    )
+    env = {"PYTHONPATH": f"{tree}:{tree / 'vllm_plugin'}", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env, check=True)
+    versions = json.loads(done.stdout)
+    for name in ("clef-quant", "clef-vllm"):
+        assert versions[name] in (f"source tree {commit}", f"source tree {commit}+dirty"), versions
+    assert versions["torch"] is None  # not importable without site-packages: still None, not made up
+
+    # Installed, but imported from this checkout (editable or PYTHONPATH): the version and the checkout's commit.
+    from importlib import metadata
+
+    from clef_quant.release_folder.versions import tool_versions
+
+    here = tool_versions(("clef-quant", "torch"), source_trees=True)
+    assert here["clef-quant"].startswith(f"{metadata.version('clef-quant')} (source tree {commit}"), here
+    assert here["torch"] == metadata.version("torch")  # an installed copy is not a source tree

@@ -226,7 +226,7 @@ def compare(
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "date": utc_timestamp(),
-        "versions": tool_versions(),
+        "versions": tool_versions(source_trees=True),
         "schemes": {},
     }
     for scheme in schemes:

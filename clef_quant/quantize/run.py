@@ -11,7 +11,7 @@ to 0644 and `DIR.partial` renamed to `DIR`.
 
 Data-free schemes (`streaming.STREAMING_DEFAULT_SCHEMES`, or any data-free recipe with `streaming=True`) take
 the streaming path instead of loading, calibrating and saving: the same plan made on the meta device, then the
-backbone quantized shard by shard (`streaming`), each shard hashed as it is written. Everything after the
+backbone quantized shard by shard (`streaming`), each shard hashed once written. Everything after the
 backbone (copy, manifest, publish) is the same for both paths.
 
 The output is written through `release_folder.staged_folder`: any failure, Ctrl-C or SIGTERM removes
@@ -160,7 +160,6 @@ def _run(job: _Job, partial: Path) -> QuantizeResult:
             torch.cuda.reset_peak_memory_stats()
         recipe_obj = parse_recipe(recipe.text)  # a bad modifier fails here, before the model loads
         needs_calibration = recipe_needs_calibration(recipe_obj)
-        tokenizer = load_tokenizer(source_dir)
 
     calibration = CalibrationSummary.unused(config.max_seq_len)
     notes: list[str] = []
@@ -181,6 +180,10 @@ def _run(job: _Job, partial: Path) -> QuantizeResult:
         job.on_stage("saved")
     else:
         del timings["plan"]
+        setup = timings["setup"]
+        with timed(timings, "setup"):  # only oneshot needs the tokenizer (streaming copies its files as they are)
+            tokenizer = load_tokenizer(source_dir)
+        timings["setup"] += setup
         plan, calibration = _oneshot(job, partial, recipe_obj, needs_calibration, tokenizer, notes)
 
     with timed(timings, "copy"):

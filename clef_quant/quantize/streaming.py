@@ -3,8 +3,7 @@
 A data-free scheme (FP8_DYNAMIC, FP8_BLOCK, NVFP4A16: weights rounded to the nearest value, activations scaled
 at run time) computes each weight's scales from that weight alone, so nothing needs the model in memory: each
 source shard is read, its Linear weights quantized by llm-compressor's `ModelFreePtqConverter` (the observers
-and compressors `oneshot` uses), and the shard written, one at a time. Peak memory is a few shards, whatever the
-model's size.
+and compressors `oneshot` uses), and the shard written. Peak memory is a few shards, whatever the model's size.
 
 Plain `model_free_ptq` matches tensors by name only, so it would quantize embeddings and try DeltaNet's 3-D
 `conv1d` weights. Here the model's definition is built on the meta device (no memory, a second for clef-flash)
@@ -15,8 +14,9 @@ modules model-free would quantize are exactly the planned ones with the same sch
 release is the same. For NVFP4A16 the qkv/z pair is added to model-free's fused mappings (`fused_scales`), so
 it shares one global scale even when the two weights sit in different shards.
 
-Each shard is serialized in memory, then written and hashed in the background (`shard_writer`) while the next
-one is quantized; the manifest takes those hashes instead of reading the shards again.
+Three shards are in flight at most: the next one is read in the background while this one is quantized, and the
+one before is written with `save_file` and hashed in the background (`shard_writer`); the manifest takes those
+hashes instead of reading the shards again.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,33 +212,38 @@ def stream_quantize(
     import torch
     from compressed_tensors.utils.safetensors_load import load_tensors_from_inverse_weight_map
     from llmcompressor.entrypoints.model_free.converter import ModelFreePtqConverter
-    from safetensors.torch import save
 
     from clef_quant.quantize.fused_scales import model_free_fused_global_scales
 
     converter = ModelFreePtqConverter(splan.model_free_config)
+    target = torch.device(device)
     writer = HashingShardWriter(partial)
+    # Reading the next shard overlaps quantizing this one (reading is disk and safetensors, not torch).
+    reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-read")
     weight_map: dict[str, str] = {}
     total_size = 0
     progress.start(tasks.STREAMING, len(splan.jobs))
+    jobs = list(splan.jobs.items())
     try:
         with model_free_fused_global_scales():
-            for shard, inverse_map in splan.jobs.items():
-                tensors = load_tensors_from_inverse_weight_map(inverse_map, torch.device(device))
-                tensors = converter.process(tensors)
-                tensors = {name: tensor.to("cpu").contiguous() for name, tensor in sorted(tensors.items())}
+            loading = reader.submit(load_tensors_from_inverse_weight_map, jobs[0][1], target) if jobs else None
+            for position, (shard, _inverse_map) in enumerate(jobs):
+                tensors = loading.result()
+                if position + 1 < len(jobs):
+                    loading = reader.submit(load_tensors_from_inverse_weight_map, jobs[position + 1][1], target)
+                tensors = {name: tensor.contiguous() for name, tensor in converter.process(tensors).items()}
                 total_size += sum(tensor.nbytes for tensor in tensors.values())
                 weight_map.update(dict.fromkeys(tensors, shard))
-                data = save(tensors, metadata={"format": "pt"})
+                writer.submit(shard, tensors, metadata={"format": "pt"})
                 del tensors
-                writer.submit(shard, data)
-                del data
                 progress.advance(tasks.STREAMING)
                 on_shard(shard)
         entries = writer.close()
     except BaseException:
+        reader.shutdown(wait=True, cancel_futures=True)
         writer.cancel()
         raise
+    reader.shutdown(wait=True)
     progress.finish(tasks.STREAMING)
     if list(splan.jobs) != [SINGLE_SHARD]:
         index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}
