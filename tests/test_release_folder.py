@@ -163,8 +163,8 @@ def plant_code_link(folder: Path, elsewhere: Path) -> str:
 
 
 def plant_folder_link(folder: Path, elsewhere: Path) -> str:
-    (folder / "clef_head" / "lib").symlink_to(elsewhere, target_is_directory=True)
-    return "clef_head/lib"
+    (folder / "lib").symlink_to(elsewhere, target_is_directory=True)
+    return "lib"
 
 
 def swap_listed_file_for_a_link(folder: Path, elsewhere: Path) -> str:
