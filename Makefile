@@ -9,7 +9,7 @@ SETUP_STAMP := $(VENV)/.clef-setup
 SETUP_INPUTS := scripts/setup_env.sh scripts/patch_torchvision.py scripts/check_env.py \
 	constraints/serve.txt constraints/quantize.txt pyproject.toml vllm_plugin/pyproject.toml
 
-.PHONY: setup test lint demo clean
+.PHONY: setup test lint demo readme-examples clean
 
 setup: $(SETUP_STAMP)
 
@@ -24,6 +24,10 @@ test: setup
 # The whole release flow on the tiny checkpoint, offline, into artifacts/demo/ (scripts/demo.sh says what runs).
 demo: setup
 	VENV=$(VENV) bash scripts/demo.sh
+
+# Every runnable README block, in order, in a scratch folder (the whole flow: longer than the rest of the suite).
+readme-examples: setup
+	CLEF_README_EXAMPLES=1 $(BIN)/python -m pytest -q -s tests/test_readme_examples.py
 
 lint: setup
 	$(BIN)/ruff check .
