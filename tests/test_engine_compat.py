@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
+from workloads import short_requests
 
-from clef_quant.bench.workload import varied_requests
 from clef_quant.cli import app
 from clef_quant.engines_compat import ENGINES, detect_all, over_limits, read_request
 from clef_quant.quantize.inspect import inspect_checkpoint
@@ -149,7 +149,7 @@ def test_inspect_engines_says_what_a_legacy_release_misses(quantized_dir, tmp_pa
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_answers_are_bit_identical_in_both_layouts(quantized_dir, clef_engine, tmp_path: Path, scheme: str) -> None:
     folder = quantized_dir(scheme)
-    bodies = varied_requests(8)
+    bodies = short_requests(8)
     root = clef_engine(folder, **ENGINE_KWARGS)
     encodings = [root.encode(body)[1] for body in bodies]
     expected = root.logits(encodings)
@@ -166,7 +166,7 @@ def test_head_tensors_beside_an_unindexed_backbone_are_not_loaded_as_weights(
     unindexed = tmp_path / "unindexed"
     shutil.copytree(folder, unindexed)
     (unindexed / INDEX).unlink()
-    bodies = varied_requests(4)
+    bodies = short_requests(4)
     root = clef_engine(folder, **ENGINE_KWARGS)
     encodings = [root.encode(body)[1] for body in bodies]
     expected = root.logits(encodings)

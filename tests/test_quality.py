@@ -191,13 +191,29 @@ def test_better_rounding_beats_round_to_nearest_and_fp8_beats_every_4_bit_scheme
         name: plugin_kl(clef_engine(folder), heldout_requests, reference_probs)[0] for name, folder in folders.items()
     }
     assert kl["nvfp4-gptq"] < kl["nvfp4"], kl
-    assert kl["nvfp4-mse"] < kl["nvfp4"], kl
+    # nvfp4-mse is held to what its observer optimizes, the stored weights' error (the next test): on the tiny
+    # checkpoint's random weights its KL landed on either side of round-to-nearest's on different CPUs (0.90x on
+    # `small` in bench/results/quality-cpu.md).
     # The tiny checkpoint has so few units that the greedy choice at the hybrid's size can be the hybrid itself
     # (measured: equal KL); bench/results/quality-cpu.md shows auto against the hybrid on the small checkpoint.
     assert kl[AUTO_SCHEME] <= kl["nvfp4-hybrid"], kl
     for fp8 in ("fp8-dynamic", "fp8-block"):
         if fp8 in kl:
             assert kl[fp8] < min(kl[s] for s in FOUR_BIT if s in kl), kl
+
+
+def test_mse_observer_stores_weights_closer_to_the_source_than_min_max(tiny_dir: Path, built) -> None:
+    from test_quantize import load_backbone, relative_error
+
+    source = dict(load_backbone(tiny_dir).named_parameters())
+
+    def errors(folder: Path) -> dict[str, float]:
+        restored = load_backbone(folder).named_parameters()
+        return {n: relative_error(source[n], w) for n, w in restored if not torch.equal(source[n], w)}
+
+    rtn, mse = errors(built("nvfp4")), errors(built("nvfp4-mse"))
+    assert rtn.keys() == mse.keys() and len(rtn) == 25  # the same Linear weights quantized
+    assert sum(mse.values()) < 0.98 * sum(rtn.values()), (sum(mse.values()), sum(rtn.values()))
 
 
 @pytest.mark.slow

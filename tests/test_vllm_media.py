@@ -9,8 +9,9 @@ import torch
 from conftest import ENGINE_MAX_MODEL_LEN
 from media_files import image_b64, video_b64
 from test_vllm_plugin import MAX_ABS_DP, MIN_TOP1_AGREEMENT, _reference_head_logits, agreement
+from workloads import short_requests
 
-from clef_quant.bench.workload import image_requests, varied_requests
+from clef_quant.bench.workload import image_requests
 from clef_quant.reference import ReferenceScorer
 from clef_vllm.engine import engine_prompt
 from clef_vllm.request import parse_request
@@ -29,7 +30,7 @@ def media_bodies() -> list[dict]:
     bodies = image_requests(8, seed=3)
     for index, body in enumerate(image_requests(2, seed=4, images_per_request=2)):
         bodies.append(dict(body, id=f"two-{index}"))
-    for index, body in enumerate(varied_requests(2, seed=5)):
+    for index, body in enumerate(short_requests(2, seed=5)):
         body["videos"] = [video_b64(1.5 + index, 8 + 2 * index, 64 + 16 * index, 48)]
         if index % 2:
             body["images"] = [image_b64(72, 40)]

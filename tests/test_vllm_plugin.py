@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import ENGINE_MAX_MODEL_LEN
 from safetensors.torch import load_file
+from workloads import short_requests
 
-from clef_quant.bench.workload import varied_requests
 from clef_quant.reference import ReferenceScorer
 from clef_vllm.encoding import Encoding
 from clef_vllm.head_files import find_head_dir, load_head
@@ -44,7 +44,7 @@ def test_pooler_equals_head_on_vllm_hidden_states(tiny_dir, clef_engine, chunk):
     split = {"batch_invariant": False} if chunk < ENGINE_MAX_MODEL_LEN else {}
     classify = clef_engine(tiny_dir, max_num_batched_tokens=chunk, **split)
     embed = clef_engine(tiny_dir, max_num_batched_tokens=chunk, pooler_config=PoolerConfig(task="token_embed"), **split)
-    bodies = varied_requests(8, seed=1)
+    bodies = short_requests(8, seed=1)
     encodings = _encodings(classify, bodies)
     assert max(e.num_tokens for e in encodings) > 4 * 64, "some prompts must span many chunks"
 
@@ -62,7 +62,7 @@ def test_pooler_equals_head_on_vllm_hidden_states(tiny_dir, clef_engine, chunk):
 @pytest.fixture(scope="module")
 def reference_scores(tiny_dir):
     scorer = ReferenceScorer(tiny_dir, dtype=torch.bfloat16)
-    return scorer.score([parse_request(body) for body in varied_requests()])
+    return scorer.score([parse_request(body) for body in short_requests()])
 
 
 def agreement(reference: list[dict], candidate: list[dict]) -> tuple[float, float]:
@@ -84,7 +84,7 @@ def agreement(reference: list[dict], candidate: list[dict]) -> tuple[float, floa
 
 @pytest.mark.slow
 def test_bf16_plugin_agrees_with_transformers_reference(tiny_dir, clef_engine, reference_scores):
-    bodies = varied_requests()
+    bodies = short_requests()
     engine = clef_engine(tiny_dir, max_num_batched_tokens=4096)
     responses = engine.score(bodies)
     reference = [record.response for record in reference_scores]
@@ -106,7 +106,7 @@ QUANTIZED_MIN_TOP1 = {"fp8-dynamic": 0.75, "nvfp4": 0.5}
 @pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["fp8-dynamic", "nvfp4"])
 def test_quantized_folders_load_and_answer(quantized_dir, clef_engine, reference_scores, scheme):
-    bodies = varied_requests()
+    bodies = short_requests()
     engine = clef_engine(quantized_dir(scheme), max_num_batched_tokens=4096)
     responses = engine.score(bodies)
     reference = [record.response for record in reference_scores]
@@ -125,7 +125,7 @@ def test_closing_one_engine_leaves_the_others_in_this_process_working(tiny_dir, 
     from clef_vllm.engine import ClefEngine
 
     shared = clef_engine(tiny_dir, max_num_batched_tokens=4096)
-    body = varied_requests(1, seed=3)[0]
+    body = short_requests(1, seed=3)[0]
     before = shared.score([body])
     extra = ClefEngine(tiny_dir, max_model_len=shared.max_length, enforce_eager=True)
     assert extra.score([body]) == before

@@ -4,6 +4,7 @@ questions. Benchmarks and tests use it so that their numbers describe the same k
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any
 
 WORDS = [
@@ -55,13 +56,20 @@ def sentence(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "."
 
 
-def varied_requests(count: int = 24, seed: int = 0) -> list[dict[str, Any]]:
-    """Deterministic requests: choice, noul and score questions, 1-12 questions, states up to ~1,500 tokens."""
+# Words in a state, one drawn per request: from a few tokens to ~1,500.
+STATE_WORDS = (3, 20, 80, 400, 900)
+
+
+def varied_requests(count: int = 24, seed: int = 0, state_words: Sequence[int] = STATE_WORDS) -> list[dict[str, Any]]:
+    """Deterministic requests: choice, noul and score questions, 1-12 questions, states of `state_words` words.
+
+    The same seed with any five lengths draws the same questions and state kinds, only the states' lengths
+    differ."""
     rng = random.Random(seed)
     requests = []
     for index in range(count):
-        state_words = rng.choice([3, 20, 80, 400, 900])
-        state: Any = sentence(rng, state_words)
+        words = rng.choice(list(state_words))
+        state: Any = sentence(rng, words)
         if index % 4 == 1:
             state = {"ticket": index, "text": state, "tags": [rng.choice(WORDS) for _ in range(3)]}
         questions: dict[str, Any] = {}

