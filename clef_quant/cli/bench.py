@@ -74,7 +74,7 @@ def head(
 
     Example: clef-quant bench head --device cpu --repeats 3
 
-    Also `python -m clef_quant.bench.head` with the same options, for machines without the clef-quant script.
+    Also `python -m clef_quant bench head`, for machines without the clef-quant script.
     """
     from clef_quant.bench.head import run_head_bench
     from clef_quant.bench.head_report import bench_command, render_markdown
