@@ -274,7 +274,7 @@ def fingerprint(folder: Path) -> str:
 def throughput_report(tmp_path: Path, measured: str | None = None) -> Path:
     """A `bench throughput` report as the bench writes it: markdown, with its JSON beside it. Its FP8 row measured
     the folder of fingerprint `measured` (None: a report from before rows named their files)."""
-    from clef_quant.bench.throughput_report import ThroughputResult, ThroughputRow, write_report
+    from clef_quant.throughput_report import ThroughputResult, ThroughputRow, write_report
 
     rows = (
         ThroughputRow("bf16 reference", "transformers", "tiny", 8, 4000, 4.0, 1.0, "0" * 64),

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clef_quant import shipped
-from clef_quant.bench.throughput_report import ThroughputResult, report_facts, results_table
 from clef_quant.formatting import binary_size, count, first_few, utc_timestamp
 from clef_quant.publish import folder_facts
 from clef_quant.publish.errors import PublishError
@@ -45,6 +44,7 @@ from clef_quant.publish.upload import validate_repo_id
 from clef_quant.release_folder.fingerprints import manifest_fingerprint
 from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, CARD_SECTION, MANIFEST_FILE, is_card_owned
 from clef_quant.release_folder.versions import tool_versions
+from clef_quant.throughput_report import ThroughputResult, report_facts, results_table
 from clef_quant.tiny.card import made_by_make_tiny
 from clef_vllm.head_files import HEAD_WEIGHTS, head_prefix
 
