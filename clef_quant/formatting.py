@@ -64,3 +64,8 @@ def utc_minute() -> str:
 def utc_timestamp() -> str:
     """Now, as manifests record it: `2026-12-03T05:40:12Z`."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def facts_table(title: str, facts: dict[str, str]) -> list[str]:
+    """The lines that open a report: its title, then one row per fact (machine, date, versions, command...)."""
+    return [f"# {title}", "", "| | |", "|---|---|", *(f"| {key} | {value} |" for key, value in facts.items())]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from clef_quant.bench.processes import free_port, python_command, running, systemone_command
+from clef_quant.bench.processes import free_port, running, systemone_command
 
 # A short model length and eager mode keep the tiny model's start to seconds; one whole prompt fits a step.
 ENGINE_FLAGS = ["--max-model-len", "4096", "--enforce-eager", "--max-num-batched-tokens", "65536"]
@@ -16,8 +17,8 @@ ENGINE_FLAGS = ["--max-model-len", "4096", "--enforce-eager", "--max-num-batched
 def vllm_serve(model: Path, log: Path, *flags: str) -> Iterator[str]:
     """`vllm serve` (the OpenAI server) with our architecture and the `clef` model name; yields its base URL."""
     port = free_port()
-    command = python_command(
-        "-m", "vllm.entrypoints.openai.api_server",
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model),
         "--runner", "pooling",
         "--hf-overrides", '{"architectures": ["ClefFlashForJointSchema"]}',
@@ -25,7 +26,7 @@ def vllm_serve(model: Path, log: Path, *flags: str) -> Iterator[str]:
         "--served-model-name", "clef",
         "--port", str(port),
         *ENGINE_FLAGS,
-    )  # fmt: skip
+    ]  # fmt: skip
     with running(command, port, log):
         yield f"http://127.0.0.1:{port}"
 

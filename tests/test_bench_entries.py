@@ -1,9 +1,10 @@
 """The benchmarks' entries beside the Typer commands: `clef-quant bench quantize --against-plain` (clef-quant against
-plain llm-compressor, each side in its own process) and `python -m clef_quant.bench.head`."""
+plain llm-compressor, each side in its own process) and `python -m clef_quant bench head` on a bare GPU machine."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -80,25 +81,47 @@ def test_against_plain_measures_both_sides_in_their_own_processes(tiny_dir: Path
     assert not any((tmp_path / "work").iterdir())  # each side's output is removed once measured
 
 
-def test_the_head_module_is_the_bench_head_command() -> None:
-    """`python -m clef_quant.bench.head` (bare GPU machines) takes the options of `clef-quant bench head`."""
-    module = subprocess.run(
-        [sys.executable, "-m", "clef_quant.bench.head", "--help"], capture_output=True, text=True, check=False
-    )
-    assert module.returncode == 0, module.stderr
-    assert "Usage: python -m clef_quant.bench.head [OPTIONS]" in module.stdout
-    command = CliRunner().invoke(app, ["bench", "head", "--help"]).stdout
-    assert (
-        option_names(module.stdout)
-        == option_names(command)
-        == ["--device", "--dtype", "--repeats", "--warmup", "--out", "--help"]
-    )
+BARE_MACHINE_MISSING = ("transformers", "vllm", "llmcompressor", "compressed_tensors")
 
-    refused = subprocess.run(
-        [sys.executable, "-m", "clef_quant.bench.head", "--device", "cuda:x"],
+
+def bare_machine_env(tmp_path: Path) -> dict[str, str]:
+    """An environment where the packages a bare GPU machine lacks fail to import (they shadow the installed ones)."""
+    for name in BARE_MACHINE_MISSING:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('{name} is not on this machine')\n")
+    paths = [str(tmp_path), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def test_bench_head_runs_through_python_m_without_transformers_vllm_or_llm_compressor(tmp_path: Path) -> None:
+    """Bare GPU machines carry our packages on PYTHONPATH and run `python -m clef_quant bench head`."""
+    env = bare_machine_env(tmp_path)
+    module = subprocess.run(
+        [sys.executable, "-m", "clef_quant", "bench", "head", "--help"],
         capture_output=True,
         text=True,
         check=False,
+        env=env,
+    )
+    assert module.returncode == 0, module.stderr
+    assert "Usage: python -m clef_quant bench head [OPTIONS]" in module.stdout
+    assert option_names(module.stdout) == ["--device", "--dtype", "--repeats", "--warmup", "--out", "--help"]
+    # What the command runs once its options are read: the benchmark itself.
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import clef_quant.bench.head, clef_quant.bench.head_report"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert loaded.returncode == 0, loaded.stderr
+
+    refused = subprocess.run(
+        [sys.executable, "-m", "clef_quant", "bench", "head", "--device", "cuda:x"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
     )
     assert refused.returncode == 2
     assert refused.stderr.splitlines() == ["error: --device must be cpu or cuda[:N], not 'cuda:x'"]

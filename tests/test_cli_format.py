@@ -469,15 +469,6 @@ def test_a_refusal_of_the_parser_is_one_line_from_the_installed_script(tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_bench_head_module_refuses_in_one_line():
-    """`python -m clef_quant.bench.head` (bare GPU machines) runs the same command outside the group."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "clef_quant.bench.head", "--repeats", "abc"], capture_output=True, text=True
-    )
-    assert (proc.returncode, proc.stdout) == (2, "")
-    assert re.fullmatch(r"error: Invalid value for '--repeats': [^\n]*\n", proc.stderr), proc.stderr
-
-
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_clef_systemone_refuses_a_non_finite_flag(value):
     script = Path(sys.executable).with_name("clef-systemone")

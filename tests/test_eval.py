@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_quant.cli import app
+from clef_quant.divergences import kl_divergence
 from clef_quant.evaluation import load_results
 from clef_quant.evaluation.config import EvalConfig
 from clef_quant.evaluation.data import read_eval_data
@@ -31,7 +32,6 @@ from clef_quant.evaluation.metrics import (
     compute,
     expected_calibration_error,
     format_value,
-    kl_divergence,
 )
 from clef_quant.evaluation.report import write_results
 from clef_quant.evaluation.results import ALL

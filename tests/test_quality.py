@@ -123,7 +123,7 @@ def reference_probs(tiny_dir: Path, heldout_requests: list[dict]) -> list[list[n
 
 def plugin_kl(engine, requests: list[dict], reference: list[list[np.ndarray]]) -> tuple[float, float]:
     """(mean KL over every question, top-1 agreement) of an engine against the bf16 reference."""
-    from clef_quant.evaluation.metrics import kl_divergence
+    from clef_quant.divergences import kl_divergence
     from clef_vllm.answers import split_logits
 
     encodings = [engine.encode(body)[1] for body in requests]

@@ -26,13 +26,14 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
+from clef_quant.card_templates import card_environment
 from clef_quant.cli import app
 from clef_quant.evaluation.config import EvalConfig
 from clef_quant.evaluation.metrics import METRICS, format_value
 from clef_quant.evaluation.report import write_results
 from clef_quant.evaluation.results import ALL
 from clef_quant.evaluation.runner import run_eval
-from clef_quant.publish.card import EXAMPLE_REQUEST, REQUIRED_FRONT_MATTER, card_environment
+from clef_quant.publish.card import EXAMPLE_REQUEST, REQUIRED_FRONT_MATTER
 from clef_quant.publish.errors import PublishError
 from clef_quant.publish.folder import CARD_SECTION, tree_files
 from clef_quant.publish.provenance import resolve_base_model, resolve_license
@@ -274,7 +275,7 @@ def fingerprint(folder: Path) -> str:
 def throughput_report(tmp_path: Path, measured: str | None = None) -> Path:
     """A `bench throughput` report as the bench writes it: markdown, with its JSON beside it. Its FP8 row measured
     the folder of fingerprint `measured` (None: a report from before rows named their files)."""
-    from clef_quant.bench.throughput_report import ThroughputResult, ThroughputRow, write_report
+    from clef_quant.throughput_report import ThroughputResult, ThroughputRow, write_report
 
     rows = (
         ThroughputRow("bf16 reference", "transformers", "tiny", 8, 4000, 4.0, 1.0, "0" * 64),

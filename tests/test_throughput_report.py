@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clef_quant.bench.throughput_report import (
+from clef_quant.throughput_report import (
     ThroughputResult,
     ThroughputRow,
     read_report,

@@ -1,4 +1,4 @@
-"""What a benchmark report says about the machine it ran on, and the key/value table that opens every report."""
+"""What a benchmark report says about the machine it ran on (the table it opens with is `formatting.facts_table`)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,3 @@ def load_average() -> str:
     except OSError:
         return "unknown"
     return f"{one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores, at the start"
-
-
-def facts_table(title: str, facts: dict[str, str]) -> list[str]:
-    """The lines that open a report: its title, then one row per fact (machine, date, versions, command...)."""
-    return [f"# {title}", "", "| | |", "|---|---|", *(f"| {key} | {value} |" for key, value in facts.items())]

@@ -7,8 +7,8 @@ the profiler also counts the device time of the fast path's kernels, the floor i
 a pooler step is mimicked: 8 records, one head call each, one synchronization at the end.
 
 `run_head_bench` returns the numbers and `head_report.render_markdown` the report; `clef-quant bench head` writes both.
-`python -m clef_quant.bench.head ARGS` runs that same command without the `clef-quant` script (for bare GPU machines
-that carry our packages on PYTHONPATH): it needs torch, safetensors, pydantic, pyyaml, regex, typer and rich, not
+On bare GPU machines that carry our packages on PYTHONPATH, `python -m clef_quant bench head ARGS` runs the same
+command without the `clef-quant` script: it needs torch, safetensors, pydantic, pyyaml, regex, typer and rich, not
 transformers, vLLM or llm-compressor.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import statistics
-import sys
 from collections.abc import Callable, Sequence
 
 import torch
@@ -40,8 +39,6 @@ from clef_vllm.head import JointSchemaHead
 from clef_vllm.head_files import HeadConfig
 from clef_vllm.head_graphs import GraphedHead
 from clef_vllm.schema import RecordSchema
-
-PROGRAM = "python -m clef_quant.bench.head"
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -162,18 +159,3 @@ def run_head_bench(
         rows=tuple(rows),
         step=step,
     )
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """`clef-quant bench head` under this module's name: one definition of the command and its options."""
-    import typer
-
-    from clef_quant.cli._errors import run_command
-    from clef_quant.cli.bench import app
-
-    command = typer.main.get_command(app).commands["head"]  # type: ignore[attr-defined]
-    run_command(command.main, args=list(sys.argv[1:] if argv is None else argv), prog_name=PROGRAM)
-
-
-if __name__ == "__main__":
-    main()

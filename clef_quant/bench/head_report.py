@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from clef_quant.bench.environment import facts_table
 from clef_quant.bench.timing import PROFILED_RUNS, SETTLE_S
+from clef_quant.formatting import facts_table
 from clef_vllm.head_files import HeadConfig
 
 

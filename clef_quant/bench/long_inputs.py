@@ -24,9 +24,9 @@ from typing import Any
 
 import httpx
 
-from clef_quant.bench.environment import facts_table, load_average
+from clef_quant.bench.environment import load_average
 from clef_quant.bench.processes import free_port, running, systemone_command
-from clef_quant.formatting import utc_minute
+from clef_quant.formatting import facts_table, utc_minute
 
 HEADING = "Small requests behind long inputs"
 SMALL = {"state": "My card was charged twice for one order.", "questions": {"billing": {"type": "noul"}}}

@@ -66,10 +66,6 @@ def wait_healthy(process: subprocess.Popen, port: int, log: Path) -> list[int]:
     raise RuntimeError(f"server not healthy after {STARTUP_SECONDS} s:\n{log.read_text()[-4000:]}")
 
 
-def python_command(*args: str) -> list[str]:
-    return [sys.executable, *args]
-
-
 def systemone_command(model: Path | str, port: int, *flags: str) -> list[str]:
     """`clef-systemone` from the running interpreter's environment."""
     script = Path(sys.executable).parent / "clef-systemone"

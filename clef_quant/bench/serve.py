@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clef_quant.bench.environment import facts_table
 from clef_quant.bench.processes import free_port, running, systemone_command
 from clef_quant.bench.workload import varied_requests
-from clef_quant.formatting import utc_minute
+from clef_quant.formatting import facts_table, utc_minute
 from clef_vllm.engine import apply_cpu_defaults
 
 

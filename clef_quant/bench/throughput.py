@@ -23,12 +23,12 @@ from typing import Any
 import torch
 
 from clef_quant.bench.environment import load_average, machine_name
-from clef_quant.bench.throughput_report import ThroughputResult, ThroughputRow
 from clef_quant.evaluation.engines import FreshEngines
 from clef_quant.evaluation.scoring import score_plugin, score_reference
 from clef_quant.evaluation.store import tool_versions
 from clef_quant.formatting import utc_minute
 from clef_quant.release_folder.fingerprints import folder_fingerprint
+from clef_quant.throughput_report import ThroughputResult, ThroughputRow
 from clef_vllm.encoding import Encoding, encode_request
 from clef_vllm.errors import ClefError
 from clef_vllm.request import ClefRequest, parse_request

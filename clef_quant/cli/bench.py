@@ -74,7 +74,7 @@ def head(
 
     Example: clef-quant bench head --device cpu --repeats 3
 
-    Also `python -m clef_quant.bench.head` with the same options, for machines without the clef-quant script.
+    Also `python -m clef_quant bench head`, for machines without the clef-quant script.
     """
     from clef_quant.bench.head import run_head_bench
     from clef_quant.bench.head_report import bench_command, render_markdown
@@ -220,8 +220,8 @@ def throughput(
         --nvfp4 artifacts/tiny-NVFP4 --data data/eval --records 28 --eager
     """
     from clef_quant.bench.throughput import load_requests, run_throughput
-    from clef_quant.bench.throughput_report import write_report
     from clef_quant.bench.workload import image_requests
+    from clef_quant.throughput_report import write_report
     from clef_vllm.request import parse_request
 
     folders = [("bf16", reference), ("FP8_DYNAMIC", fp8), ("NVFP4", nvfp4)]

@@ -15,8 +15,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from clef_quant.divergences import kl_divergence, total_variation
+
 ECE_BINS = 10
-PROBABILITY_FLOOR = 1e-12  # KL needs q > 0 where p > 0; softmax in bf16 can underflow to exactly 0
 
 
 @dataclass(frozen=True)
@@ -52,17 +53,6 @@ def _mean(values: Sequence[float]) -> float:
 
 def _max(values: Sequence[float]) -> float:
     return float(np.max(values)) if len(values) else math.nan
-
-
-def kl_divergence(p: np.ndarray, q: np.ndarray) -> float:
-    """KL(p || q) in nats; terms with p = 0 contribute nothing, q is floored so a vanished option stays finite."""
-    p64, q64 = p.astype(np.float64), np.maximum(q.astype(np.float64), PROBABILITY_FLOOR)
-    mask = p64 > 0
-    return float(np.sum(p64[mask] * (np.log(p64[mask]) - np.log(q64[mask]))))
-
-
-def total_variation(p: np.ndarray, q: np.ndarray) -> float:
-    return float(0.5 * np.abs(p.astype(np.float64) - q.astype(np.float64)).sum())
 
 
 def expected_calibration_error(pairs: Sequence[tuple[float, bool]], bins: int = ECE_BINS) -> float:

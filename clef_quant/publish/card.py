@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clef_quant import shipped
-from clef_quant.bench.throughput_report import ThroughputResult, report_facts, results_table
-from clef_quant.formatting import binary_size, count, first_few, utc_timestamp
+from clef_quant.card_templates import card_environment
+from clef_quant.formatting import first_few, utc_timestamp
 from clef_quant.publish import folder_facts
 from clef_quant.publish.errors import PublishError
 from clef_quant.publish.folder import (
@@ -45,11 +44,12 @@ from clef_quant.publish.upload import validate_repo_id
 from clef_quant.release_folder.fingerprints import manifest_fingerprint
 from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, CARD_SECTION, MANIFEST_FILE, is_card_owned
 from clef_quant.release_folder.versions import tool_versions
+from clef_quant.throughput_report import ThroughputResult, report_facts, results_table
 from clef_quant.tiny.card import made_by_make_tiny
 from clef_vllm.head_files import HEAD_WEIGHTS, head_prefix
 
 if TYPE_CHECKING:
-    import jinja2
+    pass
 
 TEMPLATE = "quantized.md.j2"
 BASE_TAGS = ("clef", "systemone", "compressed-tensors", "llm-compressor", "vllm")
@@ -325,32 +325,6 @@ def media_facts(tables: dict[str, Any]) -> dict[str, Any]:
 def render_card(context: dict[str, Any]) -> str:
     text = card_environment().get_template(TEMPLATE).render(**context)
     return re.sub(r"\n{3,}", "\n\n", text)  # template blocks that render empty leave blank runs
-
-
-def card_environment() -> jinja2.Environment:
-    """The Jinja2 environment of the card templates, with the number formats they use."""
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.FunctionLoader(_shipped_template),
-        undefined=jinja2.StrictUndefined,  # a missing fact is a bug, never an empty cell
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,  # markdown, not HTML
-    )
-    env.filters["size"] = binary_size
-    env.filters["count"] = count
-    env.filters["thousands"] = lambda n: f"{n:,}"
-    env.filters["pct"] = lambda v: f"{100 * v:.1f}%"
-    env.filters["plural"] = lambda n, word: f"{n:,} {word}" + ("" if n == 1 else "s")
-    return env
-
-
-def _shipped_template(name: str) -> str | None:
-    """A template of the shipped `model_cards/` folder; None (jinja2's "not found") when there is none."""
-    template = shipped.model_cards().joinpath(name)
-    return template.read_text(encoding="utf-8") if template.is_file() else None
 
 
 def check_card_text(text: str) -> None:

@@ -1,6 +1,6 @@
 """Reading what the card shows from other commands' outputs: `clef-quant eval`'s RESULTS folder and the JSON of a
 `clef-quant bench throughput` report. Only JSON is read; the card's tables are rendered from it by the modules
-that render the markdown reports (`evaluation.tables`, `bench.throughput_report`), so their numbers match.
+that render the markdown reports (`evaluation.tables`, `throughput_report`), so their numbers match.
 
 RESULTS holds `results.json` (every number, the sides with their model fingerprints) and `probs/<side key>.jsonl`
 (per-record probabilities, for the scatter plot), both read through `clef_quant.evaluation` (`Results`, the frames).
@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clef_quant import shipped
-from clef_quant.bench.throughput_report import ThroughputResult, json_path, read_report
 from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.frames import probabilities_frame, values_frame
 from clef_quant.evaluation.metrics import METRIC_BY_NAME, QUALITY_METRICS, SPEED_METRICS, format_value
@@ -27,6 +26,7 @@ from clef_quant.evaluation.results import read_results as read_eval_results
 from clef_quant.evaluation.tables import side_groups_table, sides_table
 from clef_quant.publish.errors import PublishError
 from clef_quant.release_folder.fingerprints import manifest_fingerprint
+from clef_quant.throughput_report import ThroughputResult, json_path, read_report
 from clef_vllm.errors import ClefError
 
 if TYPE_CHECKING:

@@ -351,7 +351,7 @@ def _probabilities(model: Any, head: Any, encodings: list[Any], device: str) -> 
 
 
 def _compare(reference: list[list[Any]], candidate: list[list[Any]]) -> tuple[list[float], int]:
-    from clef_quant.evaluation.metrics import kl_divergence
+    from clef_quant.divergences import kl_divergence
 
     kls: list[float] = []
     flips = 0

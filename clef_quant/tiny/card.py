@@ -21,7 +21,7 @@ TAGS = ("clef", "random-weights")
 def write_card(folder: Path, size: str, seed: int) -> Path:
     from huggingface_hub import ModelCardData
 
-    from clef_quant.publish.card import card_environment
+    from clef_quant.card_templates import card_environment
 
     data = ModelCardData(license=LICENSE, tags=list(TAGS), **{MARK: {"size": size, "seed": seed}})
     text = card_environment().get_template(TEMPLATE).render(card_data=data.to_yaml(), size=size, seed=seed)

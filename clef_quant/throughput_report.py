@@ -2,7 +2,8 @@
 
 `write_report` writes the markdown report and, beside it with the same stem, a JSON file with every number of it.
 Readers (the model card) take the JSON and render their tables with `results_table` and `report_facts`, the
-functions the markdown is made of, so a card and the report it shows cannot disagree.
+functions the markdown is made of, so a card and the report it shows cannot disagree. The format lives under both
+`bench` (its writer) and `publish` (its reader), so that neither tool package depends on the other.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from clef_quant.bench.environment import facts_table
+from clef_quant.formatting import facts_table
 from clef_vllm.errors import ClefError
 
 REPORT_FORMAT = "clef-quant-bench-throughput/1"

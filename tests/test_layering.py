@@ -1,0 +1,167 @@
+"""The layers of docs/architecture.md, checked on the import graph of the source files.
+
+Every `import` and `from ... import` of every module counts, at module level or inside a function: a lazy import
+still makes the lower layer need the higher one. Imports are read with `ast`, so nothing is imported to check.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = {"clef_quant": ROOT / "clef_quant", "clef_vllm": ROOT / "vllm_plugin" / "clef_vllm"}
+
+# The modules directly in clef_quant/ (formatting, documents, shipped, reference ...): the floor of clef_quant.
+BASE = "top-level modules"
+# "Inside clef_quant" in docs/architecture.md: the clef_quant packages each part may import, besides clef_vllm and
+# itself. The command layer (cli/ and `python -m clef_quant`) may import anything and is imported by nothing.
+ALLOWED = {
+    "bench": {"quantize", "evaluation", "release_folder", BASE},
+    "publish": {"evaluation", "quantize", "tiny", "release_folder", BASE},
+    "quantize": {"release_folder", BASE},
+    "evaluation": {"release_folder", BASE},
+    "tiny": {"release_folder", BASE},
+    "release_folder": {BASE},
+    BASE: {BASE},
+}
+COMMAND_LAYER = ("clef_quant.cli", "clef_quant.__main__")
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # dotted module name
+    imported: str  # dotted name of the module (or package) it reads
+    where: str  # path:line, for the failure message
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.importer} imports {self.imported}"
+
+
+def module_name(package: str, path: Path) -> str:
+    parts = path.relative_to(SOURCES[package]).with_suffix("").parts
+    return ".".join((package, *parts[:-1]) if parts[-1] == "__init__" else (package, *parts))
+
+
+def known_modules() -> set[str]:
+    return {module_name(package, path) for package, root in SOURCES.items() for path in root.rglob("*.py")}
+
+
+def imports_in(text: str, importer: str, is_package: bool, modules: set[str], path: str) -> list[Import]:
+    """The imports of one module's source, anywhere in it, each resolved to the module it reads."""
+    # The package relative imports start from: the module itself for a package's __init__.py, else its parent.
+    own_package = importer if is_package else importer.rpartition(".")[0]
+    found: list[Import] = []
+    for node in ast.walk(ast.parse(text, filename=path)):
+        where = f"{path}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Import):
+            found += [Import(importer, alias.name, where) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = own_package.split(".")[: len(own_package.split(".")) - (node.level - 1)]
+                source = ".".join([*base, node.module] if node.module else base)
+            else:
+                source = node.module or ""
+            # `from clef_quant import shipped` reads the module clef_quant.shipped, not the package.
+            read = {f"{source}.{alias.name}" for alias in node.names} & modules or {source}
+            found += [Import(importer, name, where) for name in sorted(read)]
+    return found
+
+
+def all_imports() -> list[Import]:
+    modules = known_modules()
+    return [
+        found
+        for package, root in SOURCES.items()
+        for path in sorted(root.rglob("*.py"))
+        for found in imports_in(
+            path.read_text(encoding="utf-8"),
+            module_name(package, path),
+            path.name == "__init__.py",
+            modules,
+            str(path.relative_to(ROOT)),
+        )
+    ]
+
+
+def part_of(module: str) -> str:
+    """The part of clef_quant a module belongs to: its package under clef_quant/, or BASE for a top-level module."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return BASE  # `import clef_quant` itself
+    if (SOURCES["clef_quant"] / parts[1]).is_dir():
+        return parts[1]
+    return BASE
+
+
+def in_command_layer(module: str) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in COMMAND_LAYER)
+
+
+def is_under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+@pytest.fixture(scope="module")
+def graph() -> list[Import]:
+    return all_imports()
+
+
+def test_the_graph_counts_lazy_and_relative_imports_by_the_module_they_read() -> None:
+    text = (
+        "import clef_quant.formatting\n"
+        "def main():\n"
+        "    from clef_quant import cli\n"
+        "    from ..evaluation.metrics import kl_divergence\n"
+        "    from . import head_report\n"
+    )
+    found = imports_in(text, "clef_quant.bench.head", False, known_modules(), "head.py")
+    assert [(i.imported, i.where) for i in found] == [
+        ("clef_quant.formatting", "head.py:1"),
+        ("clef_quant.cli", "head.py:3"),
+        ("clef_quant.evaluation.metrics", "head.py:4"),
+        ("clef_quant.bench.head_report", "head.py:5"),
+    ]
+    assert [part_of(i.imported) for i in found] == [BASE, "cli", "evaluation", "bench"]
+
+
+def test_clef_vllm_never_imports_clef_quant(graph: list[Import]) -> None:
+    """clef-vllm ships inside every release, without clef-quant."""
+    wrong = [str(i) for i in graph if is_under(i.importer, "clef_vllm") and is_under(i.imported, "clef_quant")]
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_the_library_never_imports_the_command_layer(graph: list[Import]) -> None:
+    wrong = [
+        str(i)
+        for i in graph
+        if is_under(i.importer, "clef_quant") and not in_command_layer(i.importer) and in_command_layer(i.imported)
+    ]
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_every_part_of_clef_quant_has_a_declared_layer() -> None:
+    packages = {path.parent.name for path in SOURCES["clef_quant"].glob("*/__init__.py")}
+    assert packages - {"cli"} == set(ALLOWED) - {BASE}
+
+
+def test_the_tool_packages_import_only_the_layers_below(graph: list[Import]) -> None:
+    wrong = []
+    for i in graph:
+        if not is_under(i.importer, "clef_quant") or in_command_layer(i.importer):
+            continue
+        if not is_under(i.imported, "clef_quant") or in_command_layer(i.imported):
+            continue  # clef_vllm and third-party packages are under every layer; the CLI has its own test
+        importer, imported = part_of(i.importer), part_of(i.imported)
+        if importer != imported and imported not in ALLOWED[importer]:
+            wrong.append(f"{i} ({importer} may import only {', '.join(sorted(ALLOWED[importer]))})")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_no_library_module_imports_the_tests(graph: list[Import]) -> None:
+    test_modules = {path.stem for path in (ROOT / "tests").glob("*.py")} | {"tests", "conftest"}
+    wrong = [str(i) for i in graph if i.imported.split(".")[0] in test_modules]
+    assert wrong == [], "\n".join(wrong)
