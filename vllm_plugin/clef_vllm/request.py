@@ -99,15 +99,20 @@ def _no_default(schema: dict[str, Any]) -> None:
 Id = Annotated[str, Field(json_schema_extra=limited(minLength=1, maxLength="max_id_length"))]
 
 
-class QuestionBody(BaseModel):
-    """One question as a client sends it; its type decides its criteria (see the per-type models below)."""
+class QuestionFields(BaseModel):
+    """What every question has, whatever its type."""
 
     model_config = ConfigDict(extra="allow")
 
-    type: QuestionTypeName
     instructions: JsonValue = Field(
         default=None, description="Any JSON; the question id when missing or empty; " + SCHEMA_TEXT
     )
+
+
+class QuestionBody(QuestionFields):
+    """One question as validated: the criteria of each type (the models below) are checked by `_question`."""
+
+    type: QuestionTypeName
     criteria: dict[str, JsonValue] | list[JsonValue] | None = None
 
 
@@ -120,14 +125,14 @@ class NoulCriteria(BaseModel):
     false: JsonValue = Field(default=NOUL_DEFAULTS["false"], description="The description of `false`")
 
 
-class NoulQuestion(QuestionBody):
+class NoulQuestion(QuestionFields):
     """A proposition: the answer is the probability that it is true."""
 
     type: Literal["noul"]
     criteria: NoulCriteria | None = Field(default=None, description="Optional descriptions of `true` and `false`")
 
 
-class ChoiceQuestion(QuestionBody):
+class ChoiceQuestion(QuestionFields):
     """One option out of several: the answer is the option and every option's probability."""
 
     type: Literal["choice"]
@@ -152,7 +157,7 @@ class ChoiceQuestion(QuestionBody):
     ) = Field(description="The options, in the order the answer lists them")
 
 
-class ScoreQuestion(QuestionBody):
+class ScoreQuestion(QuestionFields):
     """A level on a scale: the answer is the expected level and every level's probability."""
 
     type: Literal["score"]
