@@ -259,10 +259,12 @@ def test_openapi_lists_the_new_route_and_fields(server):
     assert spec["paths"]["/v1/systemone/models"]["get"]["responses"]["200"]
     schemas = spec["components"]["schemas"]
     assert "detail" in schemas["ErrorBody"]["required"]
-    choice_forms = schemas["ChoiceQuestion"]["properties"]["criteria"]["oneOf"]
+    choice_forms = schemas["ChoiceQuestion"]["properties"]["criteria"]["anyOf"]
     assert [form["type"] for form in choice_forms] == ["object", "array"]
-    image_forms = schemas["SystemOneRequest"]["properties"]["images"]["items"]["oneOf"]
-    assert image_forms[1]["properties"]["type"]["enum"] == ["image", "video"]
+    images, _ = schemas["SystemOneRequest"]["properties"]["images"]["anyOf"]
+    _, media_object = images["items"]["anyOf"]
+    media_properties = schemas[media_object["$ref"].rsplit("/", 1)[-1]]["properties"]
+    assert media_properties["type"]["anyOf"][0]["enum"] == ["image", "video"]
 
 
 def blocks_flushed(data: bytes) -> bytes:

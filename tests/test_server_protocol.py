@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import zstandard
+from openapi_checks import assert_limits_documented, assert_models_described
 from servers import ENGINE_FLAGS
 
 from clef_quant.bench.processes import free_port, running, systemone_command
@@ -249,14 +250,13 @@ def test_workers_ai_errors_in_cloudflare_envelope(server, path, body, headers, s
 def test_openapi_document_is_valid_and_complete(server):
     from openapi_spec_validator import validate
 
+    from clef_vllm.server.cli import limits_from_args, parse_args
+
     spec = httpx.get(f"{server.url}/openapi.json").json()
     validate(spec)
-    schemas = spec["components"]["schemas"]
-    request = schemas["SystemOneRequest"]
-    assert request["properties"]["questions"]["maxProperties"] == 64
-    by_object, by_names = schemas["ChoiceQuestion"]["properties"]["criteria"]["oneOf"]
-    assert by_object["minProperties"] == by_names["minItems"] == 1
-    assert schemas["ScoreQuestion"]["properties"]["criteria"]["maxItems"] == 256
+    assert_models_described(spec)
+    # The limits of the server's own command line, which names none: each default as parse_request applies it.
+    assert_limits_documented(spec, limits_from_args(parse_args(["--model", "m", *ENGINE_FLAGS])))
     for path in ("/v1/systemone", "/accounts/{account_id}/ai/run/@cf/cloudflare/{name}"):
         operation = spec["paths"][path]["post"]
         assert operation["requestBody"]["content"]["application/json"]["schema"] == {

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictStr, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, StrictStr, ValidationError
 
 from clef_vllm.errors import RequestError, SchemaTextTooLongError
 from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MediaData, MediaLimits
@@ -54,26 +54,125 @@ def schema_chars_limit(max_length: int) -> int:
     return max(SCHEMA_CHARS_PER_TOKEN * max_length, MIN_SCHEMA_CHARS)
 
 
-class QuestionBody(BaseModel):
-    """One question as a client sends it."""
+# The JSON Schema keyword under which a bound names the `Limits` field that holds its value (see `limited`).
+LIMITS_KEYWORD = "x-clef-limits"
+
+SCHEMA_TEXT = (
+    f"as text (JSON rendered compactly), instructions and each option at most {SCHEMA_CHARS_PER_TOKEN} characters "
+    f"per token of the server's max model length (never fewer than {MIN_SCHEMA_CHARS:,}), and all of them together "
+    "the same, else 400 schema_too_long naming the text"
+)
+
+
+def limited(**keywords: str | int) -> dict[str, Any]:
+    """`json_schema_extra` for bounds that `parse_request` checks itself, with messages naming the field: each
+    keyword's value is a `Limits` field name (the server's value, written in by `resolve_limits`) or a number."""
+    return {LIMITS_KEYWORD: keywords}
+
+
+def resolve_limits(schema: Any, limits: Limits) -> Any:
+    """`schema` with every `limited` bound replaced by its value under `limits`."""
+    if isinstance(schema, list):
+        return [resolve_limits(item, limits) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    resolved = {key: resolve_limits(value, limits) for key, value in schema.items() if key != LIMITS_KEYWORD}
+    for keyword, bound in schema.get(LIMITS_KEYWORD, {}).items():
+        resolved[keyword] = getattr(limits, bound) if isinstance(bound, str) else bound
+    return resolved
+
+
+def documented_as(kind: Any) -> BeforeValidator:
+    """Annotates a field that validates as declared (loosely: `parse_request` checks the rest with its own
+    messages) and is described in the JSON Schema as `kind`, the shape the checks accept."""
+    return BeforeValidator(_unchanged, json_schema_input_type=kind)
+
+
+def _unchanged(value: Any) -> Any:
+    return value
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # an absent field means something other than null
+
+
+Id = Annotated[str, Field(json_schema_extra=limited(minLength=1, maxLength="max_id_length"))]
+
+
+class QuestionFields(BaseModel):
+    """What every question has, whatever its type."""
 
     model_config = ConfigDict(extra="allow")
 
-    type: QuestionTypeName
     instructions: JsonValue = Field(
-        default=None,
-        description="Any JSON; the question id when missing or empty; as text at most "
-        f"{SCHEMA_CHARS_PER_TOKEN} characters per token of the max model length",
+        default=None, description="Any JSON; the question id when missing or empty; " + SCHEMA_TEXT
     )
-    criteria: dict[str, JsonValue] | list[JsonValue] | None = Field(
-        default=None,
-        description="choice: option id -> description, or a list of option names; score: level descriptions; "
-        "noul: optional true/false overrides",
+
+
+class QuestionBody(QuestionFields):
+    """One question as validated: the criteria of each type (the models below) are checked by `_question`."""
+
+    type: QuestionTypeName
+    criteria: dict[str, JsonValue] | list[JsonValue] | None = None
+
+
+class NoulCriteria(BaseModel):
+    """Descriptions of the two answers; other keys are ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    true: JsonValue = Field(default=NOUL_DEFAULTS["true"], description="The description of `true`")
+    false: JsonValue = Field(default=NOUL_DEFAULTS["false"], description="The description of `false`")
+
+
+class NoulQuestion(QuestionFields):
+    """A proposition: the answer is the probability that it is true."""
+
+    type: Literal["noul"]
+    criteria: NoulCriteria | None = Field(default=None, description="Optional descriptions of `true` and `false`")
+
+
+class ChoiceQuestion(QuestionFields):
+    """One option out of several: the answer is the option and every option's probability."""
+
+    type: Literal["choice"]
+    criteria: (
+        Annotated[
+            dict[Id, JsonValue],
+            Field(
+                description="Option id -> description (any JSON; null for none)",
+                json_schema_extra=limited(minProperties="min_options", maxProperties="max_choice_options"),
+            ),
+        ]
+        | Annotated[
+            list[Id],
+            Field(
+                description="Option ids without descriptions (read as null descriptions)",
+                json_schema_extra={
+                    "uniqueItems": True,
+                    **limited(minItems="min_options", maxItems="max_choice_options"),
+                },
+            ),
+        ]
+    ) = Field(description="The options, in the order the answer lists them")
+
+
+class ScoreQuestion(QuestionFields):
+    """A level on a scale: the answer is the expected level and every level's probability."""
+
+    type: Literal["score"]
+    criteria: list[JsonValue] = Field(
+        description="Level descriptions, level 0 first",
+        json_schema_extra=limited(minItems="min_options", maxItems="max_score_levels"),
     )
+
+
+AnyQuestion = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
 
 
 class MediaObject(BaseModel):
-    """The object form of an image, video or frame that some clients send instead of a plain string."""
+    """The object form of an image, video or frame that some clients send instead of a plain string: exactly one
+    of data, base64, data_base64 or part; the media type from media_type, content_type or format."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -89,24 +188,38 @@ class MediaObject(BaseModel):
     format: StrictStr | None = Field(default=None, description="e.g. png, jpeg, mp4 (informative)")
 
 
-class SystemOneRequestBody(BaseModel):
+Media = Annotated[StrictStr, Field(description="Base64 data or a data: URL")] | MediaObject
+Frames = Annotated[list[Media], Field(description="Frames taken as already sampled", min_length=1)]
+
+
+class SystemOneRequest(BaseModel):
     """The `POST /v1/systemone` body (Jev / SystemOne)."""
 
     model_config = ConfigDict(extra="allow")
 
     # Optional, but a string when given: an explicit null is refused (the default is not validated).
-    model: StrictStr = Field(default=None, description="Echoed in the response; the served name when absent")  # type: ignore[assignment]
+    model: StrictStr = Field(  # type: ignore[assignment]
+        default=None, description="Echoed in the response; the served name when absent", json_schema_extra=_no_default
+    )
     state: JsonValue = Field(description="Any JSON; rendered as text, cut from its end when too long")
-    images: list[JsonValue] | None = Field(
-        default=None, description="Images: base64 strings, data URLs or objects {data_base64, format}"
+    images: Annotated[list[JsonValue] | None, documented_as(list[Media] | None)] = Field(
+        default=None,
+        description="Images (PNG, JPEG, WebP, GIF): base64 strings, data URLs or objects {data_base64, format}",
+        json_schema_extra=limited(maxItems="max_images"),
     )
-    videos: list[JsonValue] | None = Field(
-        default=None, description="Videos: each a video file (base64 / data URL / object) or a list of frames"
+    videos: Annotated[list[JsonValue] | None, documented_as(list[Media | Frames] | None)] = Field(
+        default=None,
+        description="Videos: each a video file (MP4, WebM, MOV; base64 / data URL / object), sampled as the "
+        "checkpoint's video processor samples it, or a list of frames",
+        json_schema_extra=limited(maxItems="max_videos"),
     )
-    assets: dict[str, JsonValue] | None = Field(
-        default=None, description="Placeholder -> image object; referenced by the placeholder inside strings"
+    assets: Annotated[dict[str, JsonValue] | None, documented_as(dict[str, Media] | None)] = Field(
+        default=None, description="Placeholder -> image; referenced by the placeholder inside strings"
     )
-    questions: dict[str, QuestionBody] = Field(description="Question id -> question, in the order to encode")
+    questions: Annotated[dict[str, QuestionBody], documented_as(dict[Id, AnyQuestion])] = Field(
+        description="Question id -> question, in the order to encode",
+        json_schema_extra=limited(minProperties=1, maxProperties="max_questions"),
+    )
 
 
 @dataclass(frozen=True)
@@ -160,7 +273,7 @@ def parse_request(
         raise RequestError("state is required", field="state")
     _refuse_box_questions(body.get("questions"))
     try:
-        wire = SystemOneRequestBody.model_validate(body)
+        wire = SystemOneRequest.model_validate(body)
     except ValidationError as exc:
         raise _from_validation_error(exc) from None
     if not wire.questions:
