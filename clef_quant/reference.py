@@ -59,6 +59,9 @@ class ReferenceScorer:
         if self._model is None:
             from transformers import Qwen3_5ForConditionalGeneration
 
+            from clef_vllm.cpu_conv1d import use_in_transformers
+
+            use_in_transformers()
             model = Qwen3_5ForConditionalGeneration.from_pretrained(self.folder, dtype=self.dtype)
             self._model = model.to(self.device).eval()
         return self._model

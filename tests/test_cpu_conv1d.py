@@ -46,3 +46,23 @@ def test_register_patches_the_gated_deltanet_prefill_once() -> None:
     register()
     assert gdn_attention.causal_conv1d_torch is patched
     assert patched.__wrapped__ is conv_module.causal_conv1d_fn_cpu
+
+
+@pytest.mark.parametrize("length", [1, 7, 1669])
+def test_transformers_convolution_in_fp32_gives_the_same_bf16_bits(length: int) -> None:
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as modeling
+
+    from clef_vllm.cpu_conv1d import use_in_transformers
+
+    use_in_transformers()
+    use_in_transformers()
+    patched = modeling.causal_conv1d_fn
+    stock = patched.__wrapped__
+    assert not getattr(stock, "_clef_fp32_weights", False)  # patched once, not wrapped twice
+    generator = torch.Generator().manual_seed(length)
+    x = torch.randn(2, 1024, length, generator=generator).to(torch.bfloat16)
+    weight = torch.randn(1024, 4, generator=generator).to(torch.bfloat16)
+    for activation in ("silu", None):
+        expected = stock(x, weight, None, activation=activation)
+        got = patched(x, weight, None, activation=activation)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, expected), activation
