@@ -19,7 +19,7 @@ $(SETUP_STAMP): $(SETUP_INPUTS)
 
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests --durations=30
 
 # The whole release flow on the tiny checkpoint, offline, into artifacts/demo/ (scripts/demo.sh says what runs).
 demo: setup
