@@ -104,7 +104,8 @@ from pathlib import Path
 import clef_quant, clef_vllm
 from clef_quant import shipped
 from clef_quant.evaluation.tasks import load_tasks
-from clef_quant.publish.card import TEMPLATE, _shipped_template
+from clef_quant.card_templates import _shipped_template
+from clef_quant.publish.card import TEMPLATE
 from clef_quant.publish.folder import copy_trees
 from clef_quant.quantize.recipes import SCHEMES, scheme_recipe_path
 
