@@ -56,6 +56,7 @@ def register() -> None:
 
 def use_in_transformers() -> None:
     """Make transformers' Qwen3.5 DeltaNet prefill convolve in fp32 on CPU (once per process; GPUs untouched)."""
+    from transformers.activations import ACT2FN
     from transformers.models.qwen3_5 import modeling_qwen3_5 as modeling
 
     current = modeling.causal_conv1d_fn
@@ -81,8 +82,6 @@ def use_in_transformers() -> None:
         )
         out = out.to(weight.dtype)[:, :, :seq_len]  # rounded where the bf16 convolution rounds, before the activation
         if activation is not None:
-            from transformers.activations import ACT2FN
-
             out = ACT2FN[activation](out)
         return out.to(hidden_states.dtype)
 
