@@ -83,6 +83,17 @@ def clef_engine():
     return get
 
 
+@pytest.fixture(scope="session")
+def shared_systemone(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One `clef-systemone` on the tiny checkpoint (`--api-key servers.SHARED_API_KEY`, the test engine flags),
+    started on first use and shared by the modules that need nothing else of it. Tests must leave it serving."""
+    from servers import ENGINE_FLAGS, SHARED_API_KEY, observed_systemone
+
+    log = tmp_path_factory.mktemp("logs") / "shared-systemone.log"
+    with observed_systemone(tiny_dir, log, "--api-key", SHARED_API_KEY, *ENGINE_FLAGS) as server:
+        yield server
+
+
 @pytest.fixture(scope="module")
 def head():
     """A random head at the small test config (test_head.CONFIG), the same weights in every module."""

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 from clef_quant.bench.processes import free_port, running, systemone_command
 
@@ -37,3 +43,53 @@ def systemone(model: Path, log: Path, *flags: str) -> Iterator[tuple[str, list[i
     port = free_port()
     with running(systemone_command(model, port, *flags), port, log) as statuses:
         yield f"http://127.0.0.1:{port}", statuses
+
+
+# The server most modules share (conftest.py's `shared_systemone`): one start for the session instead of one per
+# module. Modules whose tests need other flags, or that end the server, start their own.
+SHARED_API_KEY = "test-key"
+SHARED_AUTH = {"Authorization": f"Bearer {SHARED_API_KEY}"}
+# What a client sends while the engine loads; the answers are kept for the tests of that phase.
+PROBE = {
+    "state": {"ticket": "I was charged twice for one order. " * 40},
+    "questions": {
+        "billing": {"type": "noul", "instructions": "Is this about billing?"},
+        "team": {"type": "choice", "criteria": {"billing": "money", "technical": "bugs", "sales": "deals"}},
+        "urgency": {"type": "score", "criteria": ["low", "medium", "high"]},
+    },
+}
+
+
+@dataclass(frozen=True)
+class StartedServer:
+    url: str
+    log: Path
+    health_while_starting: list[int]  # the /health codes answered until the first 200
+    answers_while_loading: list[httpx.Response]  # the non-200 answers to PROBE posted before the engine was ready
+
+
+@contextmanager
+def observed_systemone(model: Path, log: Path, *flags: str) -> Iterator[StartedServer]:
+    """`clef-systemone` with `flags`, and what a client saw while it started: /health codes and PROBE's answers."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    answers: list[httpx.Response] = []
+    stop = threading.Event()
+
+    def post_while_loading() -> None:
+        while not stop.is_set() and len(answers) < 3:
+            with contextlib.suppress(httpx.TransportError):
+                response = httpx.post(f"{url}/v1/systemone", json=PROBE, headers=SHARED_AUTH, timeout=5)
+                if response.status_code != 200:
+                    answers.append(response)
+            time.sleep(0.3)
+
+    poller = threading.Thread(target=post_while_loading, daemon=True)
+    poller.start()
+    try:
+        with running(systemone_command(model, port, *flags), port, log) as statuses:
+            stop.set()
+            poller.join()
+            yield StartedServer(url, log, statuses, answers)
+    finally:
+        stop.set()

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import ENGINE_FLAGS, systemone
+from servers import SHARED_API_KEY
 
 pytestmark = pytest.mark.slow
 
-API_KEY = "client-key"
+API_KEY = SHARED_API_KEY
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 STATE = "Customer: I was charged twice for order 1182 and the app crashes when I open the refund page."
 QUESTIONS = {
@@ -27,10 +27,8 @@ QUESTIONS = {
 
 
 @pytest.fixture(scope="module")
-def url(tiny_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("logs") / "systemone.log"
-    with systemone(tiny_dir, log, "--api-key", API_KEY, *ENGINE_FLAGS) as (base_url, _):
-        yield base_url
+def url(shared_systemone):
+    return shared_systemone.url
 
 
 def direct(url: str, state, questions, model: str | None = None) -> dict:

@@ -7,22 +7,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from servers import ENGINE_FLAGS
-from servers import systemone as start_systemone
+from servers import SHARED_API_KEY
 from servers import vllm_serve as start_vllm_serve
 from workloads import short_requests
 
 pytestmark = pytest.mark.slow
 
-API_KEY = "test-key"
+API_KEY = SHARED_API_KEY
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 @pytest.fixture(scope="module")
-def systemone(tiny_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("logs") / "systemone.log"
-    with start_systemone(tiny_dir, log, "--api-key", API_KEY, *ENGINE_FLAGS) as (url, statuses):
-        yield url, statuses
+def systemone(shared_systemone):
+    return shared_systemone.url, shared_systemone.health_while_starting
 
 
 def post(url: str, body, headers=AUTH, **kwargs) -> httpx.Response:

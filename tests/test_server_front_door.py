@@ -18,11 +18,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import zstandard
-from servers import ENGINE_FLAGS, systemone
+from servers import SHARED_API_KEY
 
 pytestmark = pytest.mark.slow
 
-API_KEY = "front-door-key"
+API_KEY = SHARED_API_KEY
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 CAP = 13 << 20  # the default --max-body-mb 13
 BODY = {
@@ -62,10 +62,8 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("logs") / "systemone.log"
-    with systemone(tiny_dir, log, "--api-key", API_KEY, *ENGINE_FLAGS) as (url, _):
-        yield Server(url)
+def server(shared_systemone):
+    return Server(shared_systemone.url)
 
 
 def assert_error(status: int, headers, body: bytes, expected: int, code: str, field: str | None = None) -> dict:

@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import re
 import subprocess
 import sys
-import threading
 import time
 import zlib
 from pathlib import Path
@@ -18,13 +16,11 @@ import httpx
 import pytest
 import zstandard
 from openapi_checks import assert_limits_documented, assert_models_described
-from servers import ENGINE_FLAGS
-
-from clef_quant.bench.processes import free_port, running, systemone_command
+from servers import ENGINE_FLAGS, SHARED_API_KEY
 
 pytestmark = pytest.mark.slow
 
-API_KEY = "test-key"
+API_KEY = SHARED_API_KEY
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 WORKERS_AI = "/accounts/acct123/ai/run/@cf/cloudflare/clef-flash"
 BODY = {
@@ -50,26 +46,9 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir, tmp_path_factory):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path_factory.mktemp("logs") / "systemone.log"
-    loading: list[httpx.Response] = []
-    stop = threading.Event()
-
-    def poll_while_loading() -> None:  # what a client sees before the model is ready
-        while not stop.is_set() and len(loading) < 3:
-            with contextlib.suppress(httpx.TransportError):
-                loading.append(httpx.post(f"{url}/v1/systemone", json=BODY, headers=AUTH, timeout=5))
-            time.sleep(0.3)
-
-    poller = threading.Thread(target=poll_while_loading, daemon=True)
-    poller.start()
-    command = systemone_command(tiny_dir, port, "--api-key", API_KEY, *ENGINE_FLAGS)
-    with running(command, port, log):
-        stop.set()
-        poller.join()
-        yield Server(url, log, [r for r in loading if r.status_code == 503])
+def server(shared_systemone):
+    loading = [r for r in shared_systemone.answers_while_loading if r.status_code == 503]
+    return Server(shared_systemone.url, shared_systemone.log, loading)
 
 
 def assert_error_shape(response: httpx.Response, status: int, code: str, field: str | None = None) -> dict:
