@@ -325,9 +325,9 @@ def test_a_model_that_is_not_a_release_is_one_line(capsys, tmp_path) -> None:
 
     missing = tmp_path / "nowhere" / "at" / "all"
     line = refused_line(capsys, lambda: main(["--model", str(missing)]))
-    assert line == f"error: {missing} is neither a folder nor a Hub id"
+    assert line == f"error: {missing} does not exist and is not a Hub id (ORG/NAME)"
     line = refused_line(capsys, lambda: main(["--model", str(tmp_path)]))
-    assert line == f"error: {tmp_path} is not a release folder (no config.json)"
+    assert line == f"error: {tmp_path} is not a release folder: it has no config.json"
 
 
 # -- vLLM's warnings, each once ------------------------------------------------------------------------------

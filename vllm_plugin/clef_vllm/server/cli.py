@@ -16,7 +16,8 @@ import sys
 import typing
 from typing import Any, NoReturn
 
-from clef_vllm.errors import USAGE_EXIT, ClefError, SettingsError, usage_error_line
+from clef_vllm.errors import USAGE_EXIT, CheckpointError, ClefError, SettingsError, usage_error_line
+from clef_vllm.release_source import local_release
 from clef_vllm.server.settings import ServeConfig, Setting, flag_of, setting_of
 
 
@@ -116,10 +117,10 @@ def main(argv: list[str] | None = None) -> None:
     from clef_vllm.server.backend import EngineBackend
     from clef_vllm.server.connections import guarded_protocol
 
-    if not os.path.isdir(config.model) and config.model.count("/") != 1:
-        refuse(f"{config.model} is neither a folder nor a Hub id")
-    if os.path.isdir(config.model) and not os.path.isfile(os.path.join(config.model, "config.json")):
-        refuse(f"{config.model} is not a release folder (no config.json)")
+    try:
+        local_release(config.model)
+    except CheckpointError as exc:
+        refuse(str(exc))
     try:
         config.check()
     except SettingsError as exc:
