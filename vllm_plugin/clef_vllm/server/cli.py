@@ -87,8 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         kinds = [kind for kind in typing.get_args(hints[config_field.name]) if kind is not type(None)]
         kind = kinds[0] if kinds else hints[config_field.name]
-        where = parser if how.group is None else groups.setdefault(how.group, parser.add_argument_group(how.group))
-        _add_flag(where, config_field, how, kind)
+        if how.group is not None and how.group not in groups:
+            groups[how.group] = parser.add_argument_group(how.group)
+        _add_flag(parser if how.group is None else groups[how.group], config_field, how, kind)
     return parser
 
 
