@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from clef_vllm.errors import RequestError, first_validation_error
+from clef_vllm.errors import RequestError, first_validation_error, not_valid_json
 from clef_vllm.server.strict_json import check_depth
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -39,18 +39,32 @@ def read_document(
 
 
 def parse_json(raw: bytes | str, *, where: str, error: type[Exception]) -> Any:
-    """The JSON document in `raw`, or `error("WHERE is not valid JSON: why")`, nesting limited (module docstring)."""
+    """The JSON document in `raw`, or `error("WHERE is not valid JSON: why (line L column C)")`, nesting limited
+    (module docstring)."""
+    data = _nesting_checked(raw, where, error)
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise error(not_valid_json(where, exc)) from None
+
+
+def parse_json_line(line: str, *, where: str, error: type[Exception]) -> Any:
+    """One line of a JSONL file, `where` naming it (`FILE:N`, `line N`); refused in `parse_json`'s words."""
+    _nesting_checked(line, where, error)
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise error(not_valid_json(where, exc, one_line=True)) from None
+
+
+def _nesting_checked(raw: bytes | str, where: str, error: type[Exception]) -> bytes:
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     try:
         check_depth(data)
     except RequestError as exc:
         # The request wording leads with the JSON path; a file is pointed at by line and column instead.
         raise error(f"{where} is not valid JSON: {exc.message.rsplit(': ', 1)[-1]}") from None
-    try:
-        return json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        detail = f"{exc.msg} (line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise error(f"{where} is not valid JSON: {detail}") from None
+    return data
 
 
 def validated(model: type[Model], data: Any, *, error: type[Exception], prefix: str, top: str = "top level") -> Model:

@@ -5,19 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from clef_vllm.errors import CheckpointError
-
-BACKBONE_CONFIG = "config.json"
+from clef_vllm.release_source import local_release
 
 
 def resolve_release(source: str, revision: str | None = None) -> Path:
-    """Return a local folder for `source`: the path itself if it exists, else a Hub snapshot of that id."""
-    path = Path(source).expanduser()
-    if path.exists():
-        if not (path / BACKBONE_CONFIG).is_file():
-            raise CheckpointError(f"{path} is not a release folder: it has no {BACKBONE_CONFIG}")
+    """Return a local folder for `source`: the path itself if it is a release folder, else a Hub snapshot of that
+    id (`release_source` says which, and refuses what is neither)."""
+    path = local_release(source)
+    if path is not None:
         return path
-    if source.count("/") != 1 or source.startswith((".", "/")):
-        raise CheckpointError(f"{source} does not exist and is not a Hub id (ORG/NAME)")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 

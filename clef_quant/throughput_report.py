@@ -13,6 +13,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from clef_quant.documents import read_document
 from clef_quant.formatting import facts_table
 from clef_vllm.errors import ClefError
 
@@ -125,10 +126,7 @@ def write_report(result: ThroughputResult, command: str, out: Path) -> tuple[Pat
 
 def read_report(path: Path) -> tuple[ThroughputResult, str]:
     """(numbers, command) from a report's JSON."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ClefError(f"{path} is not valid JSON: {exc.msg}") from None
+    data, _ = read_document(Path(path), what="throughput report", error=ClefError)
     if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
         found = data.get("format") if isinstance(data, dict) else None
         raise ClefError(f"{path} has format {found!r}; a throughput report's JSON has {REPORT_FORMAT}")

@@ -211,9 +211,9 @@ def test_bad_request_is_one_error_line(runner, cli_app, tiny_dir, tmp_path, comm
 
 @pytest.mark.parametrize("command", ["encode", "score"])
 def test_invalid_json_file(runner, cli_app, tiny_dir, tmp_path, command):
-    path = write(tmp_path, '{"model": "m", "state": ', "broken.json")
-    line = assert_user_error(invoke(runner, cli_app, command, "--model", tiny_dir, path), r"not valid JSON")
-    assert "broken.json" in line
+    path = write(tmp_path, '{"model": "m",\n "state": ', "broken.json")
+    line = assert_user_error(invoke(runner, cli_app, command, "--model", tiny_dir, path), "")
+    assert line == f"error: {path} is not valid JSON: Expecting value (line 2 column 11)"  # the server's words
 
 
 @pytest.mark.parametrize("command", ["encode", "score"])
@@ -234,6 +234,40 @@ def test_folder_that_is_not_a_release(runner, cli_app, tmp_path):
     empty.mkdir()
     result = invoke(runner, cli_app, "encode", "--model", empty, write(tmp_path, MIXED_REQUEST))
     assert_user_error(result, r"not a release folder")
+
+
+# What names a release, refused in the same words by every command and by the library.
+NOT_RELEASES = {
+    "missing": ("{tmp}/no/such/model", "{tmp}/no/such/model does not exist and is not a Hub id (ORG/NAME)"),
+    "no-config": ("{tmp}/empty", "{tmp}/empty is not a release folder: it has no config.json"),
+    "relative": ("./no-such-model", "./no-such-model does not exist and is not a Hub id (ORG/NAME)"),
+}
+COMMANDS_WITH_A_RELEASE = {
+    "encode": ["encode", "--model", "{model}", "{request}"],
+    "score": ["score", "--model", "{model}", "{request}"],
+    "quantize": ["quantize", "{model}", "--scheme", "fp8-dynamic", "--out", "{tmp}/out"],
+    "scan": ["scan", "{model}", "--out", "{tmp}/scan"],
+}
+
+
+@pytest.mark.parametrize("case", NOT_RELEASES)
+def test_what_is_not_a_release_is_refused_in_one_wording_everywhere(runner, cli_app, tmp_path, case):
+    from clef_vllm.engine import ClefEngine
+    from clef_vllm.errors import CheckpointError
+
+    (tmp_path / "empty").mkdir()
+    model, message = (text.format(tmp=tmp_path) for text in NOT_RELEASES[case])
+    places = {"model": model, "request": write(tmp_path, MIXED_REQUEST), "tmp": tmp_path}
+    for command, args in COMMANDS_WITH_A_RELEASE.items():
+        line = assert_user_error(invoke(runner, cli_app, *(arg.format(**places) for arg in args)), "")
+        assert line == f"error: {message}", command
+    script = Path(sys.executable).with_name("clef-systemone")
+    proc = subprocess.run([str(script), "--model", model], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"error: {message}\n")
+    with pytest.raises(CheckpointError) as info:
+        ClefEngine(model)
+    assert str(info.value) == message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "request.json"]
 
 
 @pytest.mark.parametrize("command", ["encode", "score"])

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from clef_quant.documents import read_document, validated
+from clef_quant.documents import parse_json_line, read_document, validated
 from clef_quant.evaluation.errors import TaskFileError
 from clef_quant.evaluation.tasks import load_task
 
@@ -46,6 +46,49 @@ def test_unreadable_or_unparsable_is_one_line(tmp_path: Path, content: bytes | N
         read_document(path, what="shape file", error=Refused, syntax=syntax)
     message = str(caught.value)
     assert expected in message and str(path) in message and len(message.splitlines()) == 1
+
+
+BROKEN = b'{"state": 1,\n "questions": }'
+WHY = "Expecting value (line 2 column 15)"
+
+
+def test_json_that_does_not_parse_is_refused_in_one_wording_by_every_reader(tmp_path: Path) -> None:
+    from clef_quant.throughput_report import read_report
+    from clef_vllm.errors import CheckpointError, ClefError, RequestError
+    from clef_vllm.head_files import HeadConfig
+    from clef_vllm.server import strict_json
+
+    path = tmp_path / "broken.json"
+    path.write_bytes(BROKEN)
+    readers = {
+        "a document": lambda: read_document(path, what="shape file", error=Refused),
+        "a throughput report": lambda: read_report(path),
+        "a head config": lambda: HeadConfig.read(path),
+    }
+    for what, read in readers.items():
+        with pytest.raises((Refused, ClefError, CheckpointError)) as caught:
+            read()
+        assert str(caught.value) == f"{path} is not valid JSON: {WHY}", what
+    with pytest.raises(RequestError) as request:
+        strict_json.loads(BROKEN)
+    assert (request.value.message, request.value.code) == (f"body is not valid JSON: {WHY}", "invalid_json")
+    with pytest.raises(Refused) as line:
+        parse_json_line('{"state": }', where=f"{path}:2", error=Refused)
+    assert str(line.value) == f"{path}:2 is not valid JSON: Expecting value (column 11)"
+
+
+def test_json_that_is_not_utf8_is_refused_in_one_wording(tmp_path: Path) -> None:
+    from clef_vllm.errors import RequestError
+    from clef_vllm.server import strict_json
+
+    path = tmp_path / "latin1.json"
+    path.write_bytes(b'{"state": "K\xf6ln"}')
+    with pytest.raises(Refused) as caught:
+        read_document(path, what="shape file", error=Refused)
+    assert str(caught.value) == f"{path} is not valid UTF-8 at byte 12"
+    with pytest.raises(RequestError) as request:
+        strict_json.loads(path.read_bytes())
+    assert request.value.message == "body is not valid UTF-8 at byte 12"
 
 
 def test_the_first_shape_problem_names_where_and_counts_the_rest() -> None:

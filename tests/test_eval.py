@@ -345,17 +345,17 @@ def test_second_run_reuses_every_stored_probability(first_run: Any, eval_config:
     assert again.results["values"] == first_run[0].results["values"]
 
 
-BAD_LINES = [
-    ("{not json", "not JSON"),
+BAD_LINES = [  # (the line, what follows FILE:2 in the refusal)
+    ("{not json", " is not valid JSON: Expecting property name enclosed in double quotes (column 2)"),
     ('{"id": "x", "task": "boolq", "request": {"model": "m", "state": "s", "questions": {}}, "gold": {}}',
-     "request: questions must be a non-empty object"),
+     ": request: questions must be a non-empty object"),
     ('{"id": "x", "task": "boolq", "request": {"model": "m", "state": "s", "questions": {"a": {"type": "noul"}}}}',
-     "missing gold"),
+     ": missing gold"),
     ('{"id": "x", "task": "boolq", "request": {"model": "m", "state": "s", "questions": {"a": {"type": "noul"}}}, '
-     '"gold": {"a": "maybe"}}', "gold 'maybe' of question a is not one of its options"),
+     '"gold": {"a": "maybe"}}', ": gold 'maybe' of question a is not one of its options"),
     ('{"id": 7, "task": "boolq", "request": {"model": "m", "state": "s", "questions": {"a": {"type": "noul"}}}, '
-     '"gold": {"a": "yes"}}', "id: Input should be a valid string"),
-    ("[1, 2]", "a line must be a JSON object"),
+     '"gold": {"a": "yes"}}', ": id: Input should be a valid string"),
+    ("[1, 2]", ": a line must be a JSON object"),
 ]  # fmt: skip
 
 
@@ -373,7 +373,7 @@ def test_a_bad_data_line_stops_with_file_and_line(
         "--out", str(tmp_path / "results"),
     )  # fmt: skip
     assert result.exit_code == 2
-    assert result.output.startswith("error: ") and f"{path}:2: {reason}" in result.output
+    assert result.output.startswith("error: ") and f"{path}:2{reason}" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "results").exists()  # stopped before any model or file
 

@@ -351,7 +351,7 @@ def test_vision_tower_is_skipped_only_when_media_are_off():
 
     from clef_vllm.engine import engine_args
     from clef_vllm.request import DEFAULT_LIMITS
-    from clef_vllm.server.cli import limits_from_args, parse_args
+    from clef_vllm.server.cli import parse_args
 
     on = engine_args("folder")
     assert on["language_model_only"] is False
@@ -359,9 +359,9 @@ def test_vision_tower_is_skipped_only_when_media_are_off():
     off = engine_args("folder", limits=replace(DEFAULT_LIMITS, max_images=0, max_videos=0))
     assert off["language_model_only"] is True and "limit_mm_per_prompt" not in off
 
-    limits = limits_from_args(parse_args(["--model", "m", "--limit-images", "3", "--max-video-frames", "16"]))
+    limits = parse_args(["--model", "m", "--limit-images", "3", "--max-video-frames", "16"]).limits
     assert (limits.max_images, limits.max_videos, limits.media.max_video_frames) == (3, 2, 16)
-    text_only = limits_from_args(parse_args(["--model", "m", "--language-model-only"]))
+    text_only = parse_args(["--model", "m", "--language-model-only"]).limits
     assert not text_only.media_enabled
     assert engine_args("folder", limits=text_only)["language_model_only"] is True
     with pytest.raises(SystemExit):

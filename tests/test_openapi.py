@@ -22,7 +22,12 @@ def spec(tiny_dir):
     from clef_vllm.server.app import create_app
     from clef_vllm.server.backend import EngineBackend, ServeConfig
 
-    app = create_app(EngineBackend(ServeConfig(model=str(tiny_dir), limits=LIMITS)), start_engine=False)
+    # The media counts are flags; the other limits have none and come in whole.
+    config = ServeConfig(
+        model=str(tiny_dir), request_limits=LIMITS, limit_images=LIMITS.max_images, limit_videos=LIMITS.max_videos
+    )
+    assert config.limits == LIMITS
+    app = create_app(EngineBackend(config), start_engine=False)
 
     async def get() -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:

@@ -229,13 +229,13 @@ def test_workers_ai_errors_in_cloudflare_envelope(server, path, body, headers, s
 def test_openapi_document_is_valid_and_complete(server):
     from openapi_spec_validator import validate
 
-    from clef_vllm.server.cli import limits_from_args, parse_args
+    from clef_vllm.server.cli import parse_args
 
     spec = httpx.get(f"{server.url}/openapi.json").json()
     validate(spec)
     assert_models_described(spec)
     # The limits of the server's own command line, which names none: each default as parse_request applies it.
-    assert_limits_documented(spec, limits_from_args(parse_args(["--model", "m", *ENGINE_FLAGS])))
+    assert_limits_documented(spec, parse_args(["--model", "m", *ENGINE_FLAGS]).limits)
     for path in ("/v1/systemone", "/accounts/{account_id}/ai/run/@cf/cloudflare/{name}"):
         operation = spec["paths"][path]["post"]
         assert operation["requestBody"]["content"]["application/json"]["schema"] == {

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import json
 import logging
+import re
 import zlib
+from pathlib import Path
 
 import httpx
 import pytest
@@ -194,12 +197,95 @@ def test_an_unexpected_error_is_a_json_500_without_internals(tmp_path, caplog):
     assert logged, "the failure is logged with its request id"
 
 
-def test_cli_flags_have_documented_defaults():
+# -- clef-systemone's settings: one field of ServeConfig each -------------------------------------------------
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+# A row of a README table that starts with flags and then a number: "| `--max-body-mb` | 13 | ... |".
+NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
+_DEFAULT_ROW = re.compile(rf"^\| (`--[^|]*) \| ({NUMBER})(?: s)?((?: / {NUMBER}(?: s)?)*) \|", re.MULTILINE)
+
+
+def server_settings() -> list[tuple[dataclasses.Field, str]]:
+    from clef_vllm.server.settings import ServeConfig, flag_of, setting_of
+
+    return [(f, flag_of(f)) for f in dataclasses.fields(ServeConfig) if setting_of(f) is not None]
+
+
+def test_every_server_flag_is_in_the_readme_with_its_default():
+    readme = README.read_text(encoding="utf-8")
+    flags = {flag: f.default for f, flag in server_settings()}
+    assert [flag for flag in flags if f"`{flag}" not in readme] == []
+    checked = 0
+    for row in _DEFAULT_ROW.finditer(readme):
+        named = re.findall(r"`(--[a-z-]+)", row[1])
+        numbers = [row[2], *re.findall(NUMBER, row[3])]
+        if len(named) == len(numbers) and all(flag in flags for flag in named):
+            for flag, number in zip(named, numbers, strict=True):
+                assert float(number.replace(",", "")) == flags[flag], f"README says {flag} defaults to {number}"
+                checked += 1
+    assert checked >= 5  # the body, timeouts and connections rows at least
+
+
+def given(config_field: dataclasses.Field, kind: type) -> tuple[list[str], object]:
+    """Flag arguments that set `config_field` to something other than its default, and that value."""
+    from clef_vllm.server.settings import flag_of
+
+    flag = flag_of(config_field)
+    if kind is bool:
+        return [flag], not config_field.default
+    if kind is str:
+        return [flag, "acme/other"], "acme/other"
+    base = config_field.default if isinstance(config_field.default, (int, float)) else 3
+    value = kind(base + 1 if kind is int else base + 0.5)
+    return [flag, str(value)], value
+
+
+def test_every_flag_sets_its_field_and_nothing_else():
+    import typing
+
+    from clef_vllm.server.cli import parse_args
+    from clef_vllm.server.settings import ServeConfig
+
+    hints = typing.get_type_hints(ServeConfig)
+    defaults = parse_args(["--model", "m"])
+    for config_field, _ in server_settings():
+        if config_field.name == "model":
+            continue
+        kinds = [k for k in typing.get_args(hints[config_field.name]) if k is not type(None)] or [
+            hints[config_field.name]
+        ]
+        argv, value = given(config_field, kinds[0])
+        config = parse_args(["--model", "m", *argv])
+        assert getattr(config, config_field.name) == value, argv
+        assert dataclasses.replace(config, **{config_field.name: getattr(defaults, config_field.name)}) == defaults
+
+
+def test_the_media_flags_set_the_request_limits():
     from clef_vllm.server.cli import parse_args
 
-    args = parse_args(["--model", "x"])
-    assert (args.header_timeout, args.body_timeout, args.idle_timeout, args.max_connections) == (10.0, 60.0, 5.0, 512)
-    assert args.max_body_mb == 13.0
+    config = parse_args(["--model", "m", "--limit-videos", "1", "--max-image-pixels", "4096"])
+    assert (config.limits.max_images, config.limits.max_videos, config.limits.media.max_image_pixels) == (8, 1, 4096)
+    assert parse_args(["--model", "m", "--max-body-mb", "0.5"]).max_body_bytes == 512 * 1024
+
+
+def test_the_api_key_comes_from_the_environment_when_no_flag_gives_it(monkeypatch):
+    from clef_vllm.server.cli import parse_args
+
+    monkeypatch.setenv("CLEF_SYSTEMONE_API_KEY", "from-env")
+    assert parse_args(["--model", "m"]).api_key == "from-env"
+    assert parse_args(["--model", "m", "--api-key", "given"]).api_key == "given"
+    monkeypatch.setenv("CLEF_SYSTEMONE_API_KEY", "")
+    assert parse_args(["--model", "m"]).api_key is None
+
+
+def test_a_config_built_in_python_keeps_the_flags_bounds():
+    from clef_vllm.errors import SettingsError
+    from clef_vllm.server.settings import ServeConfig
+
+    with pytest.raises(SettingsError, match=r"^--tp must be >= 1, not 0$"):
+        ServeConfig(model="m", tensor_parallel_size=0)
+    with pytest.raises(SettingsError, match=r"^--idle-timeout must be >= 0, not -1$"):
+        ServeConfig(model="m", idle_timeout=-1)
 
 
 # -- clef-systemone refuses bad flags as clef-quant does: one `error:` line, exit 2 ---------------------------
@@ -239,9 +325,9 @@ def test_a_model_that_is_not_a_release_is_one_line(capsys, tmp_path) -> None:
 
     missing = tmp_path / "nowhere" / "at" / "all"
     line = refused_line(capsys, lambda: main(["--model", str(missing)]))
-    assert line == f"error: {missing} is neither a folder nor a Hub id"
+    assert line == f"error: {missing} does not exist and is not a Hub id (ORG/NAME)"
     line = refused_line(capsys, lambda: main(["--model", str(tmp_path)]))
-    assert line == f"error: {tmp_path} is not a release folder (no config.json)"
+    assert line == f"error: {tmp_path} is not a release folder: it has no config.json"
 
 
 # -- vLLM's warnings, each once ------------------------------------------------------------------------------

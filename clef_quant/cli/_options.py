@@ -6,9 +6,8 @@ bad value ends like every other user error: one `error:` line on stderr, exit 2,
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterable, Mapping
-from typing import Annotated, Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Annotated, Any
 
 import typer
 
@@ -18,7 +17,6 @@ from clef_quant.quantize.recipes import AUTO_SCHEME, SCHEMES
 from clef_quant.tiny.sizes import SIZES
 
 QUANTIZE_SCHEMES = (*SCHEMES, AUTO_SCHEME)
-ConfigT = TypeVar("ConfigT")
 
 
 def name_choice(names: Iterable[str], refusal: str) -> Callable[[str], str]:
@@ -101,10 +99,3 @@ RequestArgument = Annotated[
 MaxLengthOption = Annotated[
     int, typer.Option("--max-length", min=1, help="Maximum prompt length in tokens; the state is cut to fit.")
 ]
-
-
-def config_from(config_class: type[ConfigT], options: Mapping[str, Any], **values: Any) -> ConfigT:
-    """A library config dataclass from a command's options (its `locals()`): every field named like an option
-    takes that option's value; `values` add the fields that need converting."""
-    names = {field.name for field in dataclasses.fields(config_class)}  # type: ignore[arg-type]
-    return config_class(**{name: value for name, value in options.items() if name in names} | values)

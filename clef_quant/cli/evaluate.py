@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
-from clef_quant.cli._options import config_from, device_option
+from clef_quant.cli._options import device_option
 from clef_quant.cli._output import results_console
 from clef_quant.cli._progress import TRANSFORMERS_QUIET, VLLM_QUIET, RichProgress, quiet_tools, stages
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH
@@ -67,7 +67,15 @@ def build_data(
     tasks = load_tasks(names=task)
     if tokenizer is not None and not (tokenizer / "config.json").is_file():
         raise fail(f"--tokenizer {tokenizer} is not a release folder")
-    config = config_from(BuildConfig, locals())
+    config = BuildConfig(
+        out=out,
+        per_task=per_task,
+        calibration=calibration,
+        seed=seed,
+        source=source,
+        tokenizer=tokenizer,
+        overwrite=overwrite,
+    )
     with stages("loading tasks") as show:
         result = run_build(config, tasks, on_task=lambda name, stage: show(f"{name}: {stage}"))
 
@@ -146,7 +154,15 @@ def evaluate(
     from clef_quant.evaluation.runner import run_eval
 
     engine_kwargs: dict[str, Any] = {"enforce_eager": True} if eager else {}
-    config = config_from(EvalConfig, locals(), candidates=candidate)
+    config = EvalConfig(
+        reference=reference,
+        candidates=candidate,
+        data=data,
+        out=out,
+        max_model_len=max_model_len,
+        batch_size=batch_size,
+        device=device,
+    )
     records = read_eval_data(data)  # every line checked before a bar is drawn or a model loads
     engines = FreshEngines(max_model_len=max_model_len, batch_invariant=batch_invariant, **engine_kwargs)
     with RichProgress() as progress:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, read_json_file, user_errors
-from clef_quant.cli._options import QUANTIZE_SCHEMES, RevisionOption, choice_option, config_from, device_option
+from clef_quant.cli._options import QUANTIZE_SCHEMES, RevisionOption, choice_option, device_option
 from clef_quant.cli._output import results_console
 from clef_quant.cli._progress import quantization_bars
 from clef_quant.formatting import binary_size
@@ -93,7 +93,23 @@ def quantize(
     from clef_quant.quantize.run import QuantizeConfig
     from clef_quant.quantize.run import quantize as run_quantize
 
-    config = config_from(QuantizeConfig, locals(), include=tuple(include or ()))
+    config = QuantizeConfig(
+        source=source,
+        out=out,
+        scheme=scheme,
+        recipe_file=recipe_file,
+        calibration_file=calibration_file,
+        calibration_records=calibration_records,
+        max_seq_len=max_seq_len,
+        device=device,
+        overwrite=overwrite,
+        revision=revision,
+        include=tuple(include or ()),
+        streaming=streaming,
+        scan_file=scan_file,
+        max_kl=max_kl,
+        max_size_gb=max_size_gb,
+    )
     with quantization_bars(verbose) as progress:
         result = run_quantize(config, progress)
     for warning in result.warnings:

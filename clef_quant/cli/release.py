@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from clef_quant.cli._errors import fail, user_errors
-from clef_quant.cli._options import config_from, repo_id_option
+from clef_quant.cli._options import repo_id_option
 from clef_quant.formatting import binary_size
 
 if TYPE_CHECKING:
@@ -52,7 +52,17 @@ def card(
     """
     from clef_quant.publish.card import CardConfig, write_card
 
-    result = write_card(config_from(CardConfig, locals()))
+    config = CardConfig(
+        folder=folder,
+        results=results,
+        throughput=throughput,
+        base_model=base_model,
+        license=license,
+        repo_id=repo_id,
+        notice=notice,
+        plots=plots,
+    )
+    result = write_card(config)
     for warning in result.warnings:
         typer.secho(f"warning: {warning}", fg=typer.colors.YELLOW, err=True)
     typer.echo(f"wrote {result.card} for {result.repo_id}")

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from clef_quant.cli._errors import user_errors
-from clef_quant.cli._options import RevisionOption, choice_option, config_from, device_option
+from clef_quant.cli._options import RevisionOption, choice_option, device_option
 from clef_quant.cli._output import results_console
 from clef_quant.cli._progress import quantization_bars
 from clef_quant.quantize.scan import (
@@ -63,7 +63,18 @@ def scan(
     from clef_quant.quantize.scan import scan as run_scan
     from clef_quant.quantize.scan_report import scan_frame
 
-    config = config_from(ScanConfig, locals(), schemes=tuple(scheme or DEFAULT_SCHEMES))
+    config = ScanConfig(
+        source=source,
+        out=out,
+        schemes=tuple(scheme or DEFAULT_SCHEMES),
+        calibration_file=calibration_file,
+        calibration_records=calibration_records,
+        heldout=heldout,
+        max_seq_len=max_seq_len,
+        device=device,
+        overwrite=overwrite,
+        revision=revision,
+    )
     with quantization_bars(verbose) as progress:
         outcome = run_scan(config, progress)
     frame = scan_frame(outcome.scan)

@@ -9,7 +9,6 @@ A DATA folder (written by `clef_quant.evaluation.build`):
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
+from clef_quant.documents import parse_json_line, read_document
 from clef_quant.evaluation.errors import DataError, TaskFileError
 from clef_quant.evaluation.tasks import check_gold, gold_index
 from clef_quant.formatting import first_few
@@ -96,10 +96,7 @@ def read_eval_data(folder: Path) -> EvalData:
     if not files:
         raise DataError(f"{folder} holds no {EVAL_DIR}/*.jsonl; build it with: clef-quant build-data --out {folder}")
     summary_path = folder / SUMMARY_FILE
-    try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DataError(f"{summary_path} is missing or not JSON ({type(exc).__name__})") from None
+    summary, _ = read_document(summary_path, what="DATA summary", error=DataError)
 
     records: list[EvalRecord] = []
     problems: list[str] = []
@@ -113,9 +110,9 @@ def read_eval_data(folder: Path) -> EvalData:
                 continue
             origin = f"{path}:{number}"
             try:
-                value = json.loads(line)
-            except json.JSONDecodeError as exc:
-                problems.append(f"{origin}: not JSON ({exc.msg})")
+                value = parse_json_line(line, where=origin, error=DataError)
+            except DataError as exc:
+                problems.append(str(exc))
                 continue
             try:
                 record_id, task, body, request, gold = _check_line(value)

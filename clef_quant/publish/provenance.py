@@ -11,6 +11,7 @@ from typing import Any
 
 from clef_quant.publish.errors import PublishError
 from clef_quant.release_folder.manifest import CARD_FILE
+from clef_vllm.release_source import is_hub_id
 
 DEFAULT_LICENSE_HINT = "apache-2.0"
 DEFAULT_RECIPE_FILE = "recipe.yaml"
@@ -24,7 +25,7 @@ def resolve_base_model(manifest: dict[str, Any], given: str | None) -> tuple[str
     source_id = str(source.get("id") or "")
     revision = source.get("revision")
     if given:
-        if given.count("/") != 1:
+        if not is_hub_id(given):
             raise PublishError(f"--base-model must be a Hub id ORG/NAME, not {given!r}")
         return given, revision if not source.get("local") else None
     if source_id and not source.get("local"):
@@ -53,7 +54,7 @@ def source_front_matter(manifest: dict[str, Any], folder: Path | None = None) ->
     elif source.get("local") or Path(source_id).exists():
         candidate = Path(source_id) / CARD_FILE
         readme = candidate if candidate.is_file() else None
-    elif source_id.count("/") == 1:
+    elif is_hub_id(source_id):
         readme = _hub_readme(source_id, source.get("revision"))
     if readme is None:
         return {}

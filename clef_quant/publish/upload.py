@@ -10,7 +10,6 @@ commits, and a half-pushed release must never be visible. Large files go through
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,9 @@ from typing import Any
 from clef_quant.publish.errors import PublishError
 from clef_quant.release_folder.manifest import CARD_FILE, CARD_SECTION, MANIFEST_FILE, read_manifest
 from clef_vllm.errors import CheckpointError
+from clef_vllm.release_source import is_hub_id
 
 DEFAULT_BRANCH = "main"
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
 class ReleaseNotReady(PublishError):
@@ -67,7 +66,7 @@ def validate_repo_id(repo_id: str) -> None:
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id as hub_validate
 
-    if not _REPO_ID.match(repo_id):
+    if not is_hub_id(repo_id):
         raise PublishError(f"--repo-id must be ORG/NAME, not {repo_id!r}")
     try:
         hub_validate(repo_id)

@@ -13,7 +13,6 @@ counted in the summary; requests whose schema alone exceeds the calibration leng
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from dataclasses import asdict, dataclass, field
 from importlib.resources.abc import Traversable
@@ -21,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant import shipped
+from clef_quant.documents import parse_json_line
 from clef_quant.formatting import first_few
 from clef_quant.progress import NoProgress, Progress
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.progress import ENCODING
 from clef_vllm.encoding import Tokenizer, encode_request
-from clef_vllm.errors import RequestError, SchemaTooLongError
+from clef_vllm.errors import RequestError, SchemaTooLongError, not_valid_json
 from clef_vllm.request import parse_request
 
 # Shipped synthetic requests so the tiny flow runs offline; real data comes from the eval data builder.
@@ -82,16 +82,16 @@ def read_calibration_file(path: Path | Traversable) -> tuple[list[dict[str, Any]
     try:
         lines = raw.decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:
-        raise QuantizeError(f"calibration file {path} is not UTF-8 text: {exc.reason}") from None
+        raise QuantizeError(f"calibration file {not_valid_json(str(path), exc)}") from None
     bodies: list[dict[str, Any]] = []
     problems: list[str] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            problems.append(f"line {number}: not JSON ({exc.msg})")
+            value = parse_json_line(line, where=f"line {number}", error=QuantizeError)
+        except QuantizeError as exc:
+            problems.append(str(exc))
             continue
         if isinstance(value, dict) and "questions" not in value and isinstance(value.get("request"), dict):
             value = value["request"]

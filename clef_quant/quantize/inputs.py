@@ -3,12 +3,12 @@ head, the calibration file and the device, so input to fix fails in seconds rath
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clef_quant.devices import device_problem
+from clef_quant.documents import read_document
 from clef_quant.quantize.auto import load_auto_recipe
 from clef_quant.quantize.calibration import read_request_bodies
 from clef_quant.quantize.errors import QuantizeError
@@ -31,10 +31,9 @@ class CheckedInputs:
 
 def bf16_source_config(source_dir: Path, verb: str) -> dict[str, Any]:
     """The source release's config.json; a quantized source is refused (`verb` says what needs the bf16 one)."""
-    try:
-        source_config = json.loads((source_dir / "config.json").read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise QuantizeError(f"{source_dir / 'config.json'} is not valid JSON: {exc.msg}") from None
+    source_config, _ = read_document(source_dir / "config.json", what="config", error=QuantizeError)
+    if not isinstance(source_config, dict):
+        raise QuantizeError(f"{source_dir / 'config.json'} must hold a JSON object")
     if source_config.get("quantization_config"):
         raise QuantizeError(f"{source_dir} is already quantized; {verb} the bf16 release")
     return source_config

@@ -31,9 +31,10 @@ import torch
 
 from clef_vllm.answers import response_from_logits
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, prepare_request
-from clef_vllm.errors import CheckpointError, RequestError, SettingsError
+from clef_vllm.errors import RequestError, SettingsError
 from clef_vllm.plugin import ARCHITECTURE
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
+from clef_vllm.release_source import local_release
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits
 from clef_vllm.vllm_logs import show_vllm_warnings_once
 
@@ -160,8 +161,7 @@ class ClefEngine:
         from transformers import AutoTokenizer
         from vllm import LLM
 
-        if not Path(model).is_dir() and str(model).count("/") != 1:
-            raise CheckpointError(f"{model} is neither a folder nor a Hub id")
+        local_release(model)  # a release folder or a Hub id, before vLLM starts
         args = engine_args(
             model, max_model_len=max_model_len, batch_invariant=batch_invariant, limits=limits, **engine_kwargs
         )

@@ -5,6 +5,8 @@ Each carries a message meant to be shown as it is: one line, naming the field or
 
 from __future__ import annotations
 
+import json
+
 # What a command exits with when what it was given is wrong (argparse and click use 2 for usage errors too).
 USAGE_EXIT = 2
 
@@ -21,6 +23,16 @@ def first_validation_error(exc: Exception, top: str = "top level") -> str:
     where = ".".join(str(part) for part in error["loc"]) or top
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{where}: {error['msg']}{more}"
+
+
+def not_valid_json(where: str, exc: json.JSONDecodeError | UnicodeDecodeError, *, one_line: bool = False) -> str:
+    """The one wording for text that does not parse as JSON, whatever holds it (a request body, a file, one line of
+    a JSONL file): `WHERE is not valid UTF-8 at byte N`, or `WHERE is not valid JSON: why (line L column C)`, the
+    line left out for one line of a file (`where` names that line)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"{where} is not valid UTF-8 at byte {exc.start}"
+    at = f"column {exc.colno}" if one_line else f"line {exc.lineno} column {exc.colno}"
+    return f"{where} is not valid JSON: {exc.msg} ({at})"
 
 
 class ClefError(Exception):

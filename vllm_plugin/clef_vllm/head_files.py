@@ -21,7 +21,7 @@ from pydantic_core import PydanticCustomError
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from clef_vllm.errors import CheckpointError
+from clef_vllm.errors import CheckpointError, not_valid_json
 from clef_vllm.head import JointSchemaHead
 
 HEAD_WEIGHTS = "joint_head.safetensors"
@@ -69,9 +69,11 @@ class HeadConfig(BaseModel):
         if not file.is_file():
             raise CheckpointError(f"joint head config not found: {file}")
         try:
-            data = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"cannot read {file}: {exc}") from None
+            data = json.loads(file.read_bytes().decode("utf-8"))
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {file}: {exc.strerror}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(not_valid_json(str(file), exc)) from None
         if not isinstance(data, dict):
             raise CheckpointError(f"{file} must hold a JSON object")
         try:

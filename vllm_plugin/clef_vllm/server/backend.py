@@ -14,67 +14,19 @@ import contextlib
 import itertools
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from clef_vllm.answers import response_from_logits
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, prepare_request
-from clef_vllm.engine import apply_cpu_defaults, engine_args, engine_prompt, load_processor, schedule_args
+from clef_vllm.encoding import Encoding, prepare_request
+from clef_vllm.engine import apply_cpu_defaults, engine_prompt, load_processor
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
-from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits
+from clef_vllm.request import ClefRequest
 from clef_vllm.server.model_info import model_info
+from clef_vllm.server.settings import ServeConfig
 from clef_vllm.vllm_logs import show_vllm_warnings_once
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """Everything `clef-systemone` is started with."""
-
-    model: str
-    served_model_name: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    max_body_bytes: int = 13 * 1024 * 1024
-    max_model_len: int = DEFAULT_MAX_LENGTH
-    tensor_parallel_size: int = 1
-    data_parallel_size: int = 1
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    # One whole prompt per engine step: the same request gets the same bits whatever else is in flight.
-    batch_invariant: bool = True
-    limits: Limits = DEFAULT_LIMITS
-    extra_engine_args: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def model_name(self) -> str:
-        return self.served_model_name or self.model
-
-    def _schedule(self) -> dict[str, Any]:
-        return {
-            "max_model_len": self.max_model_len,
-            "batch_invariant": self.batch_invariant,
-            "max_num_seqs": self.max_num_seqs,
-            "max_num_batched_tokens": self.max_num_batched_tokens,
-        }
-
-    def check(self) -> None:
-        """Raise `SettingsError` for contradicting settings, before anything is loaded."""
-        schedule_args(**self._schedule())
-
-    def engine_kwargs(self) -> dict[str, Any]:
-        return engine_args(
-            self.model,
-            limits=self.limits,
-            tensor_parallel_size=self.tensor_parallel_size,
-            data_parallel_size=self.data_parallel_size,
-            served_model_name=self.served_model_name,
-            **self._schedule(),
-            **self.extra_engine_args,
-        )
-
 
 STATE_TOKENS_DROPPED = "x-clef-state-tokens-dropped"
 STATE_TOKENS_DROPPED_EXACT = "x-clef-state-tokens-dropped-exact"

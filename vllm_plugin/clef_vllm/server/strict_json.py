@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from clef_vllm.errors import RequestError
+from clef_vllm.errors import RequestError, not_valid_json
 
 MAX_DEPTH = 64
 MAX_INTEGER_DIGITS = 100
@@ -51,7 +51,7 @@ def loads(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise RequestError(f"body is not valid UTF-8 at byte {exc.start}", None, "invalid_json") from None
+        raise RequestError(not_valid_json("body", exc), None, "invalid_json") from None
     suspicious = False
 
     def on_constant(name: str) -> _Bad:
@@ -88,9 +88,7 @@ def loads(raw: bytes) -> Any:
             text, parse_constant=on_constant, parse_float=on_float, parse_int=on_int, object_pairs_hook=on_object
         )
     except json.JSONDecodeError as exc:
-        raise RequestError(
-            f"body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", None, "invalid_json"
-        ) from None
+        raise RequestError(not_valid_json("body", exc), None, "invalid_json") from None
     except RecursionError:  # only reachable for malformed bodies the depth scan could not read
         raise RequestError(f"JSON nested more than {MAX_DEPTH} levels deep", None, "json_too_deep") from None
     if suspicious or _has_surrogate_escape(raw):
