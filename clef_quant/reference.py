@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from clef_vllm.answers import response_from_logits
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
+from clef_vllm.encoder import Encoder
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
 from clef_vllm.head_files import find_head_dir, load_head
 from clef_vllm.request import ClefRequest
 
@@ -40,15 +41,13 @@ class ReferenceScorer:
         device: str = "cpu",
         max_length: int = DEFAULT_MAX_LENGTH,
     ) -> None:
-        from transformers import AutoTokenizer
-
         self.folder = Path(folder)
         self.device = torch.device(device)
         self.max_length = max_length
         self.dtype = dtype
-        self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        self.encoder = Encoder(self.folder, max_length=max_length)  # the processor only once media come
+        self.tokenizer = self.encoder.tokenizer
         self.head_dir = find_head_dir(self.folder)
-        self._processor: Any = None
         self._model: Any = None
         self._head: Any = None
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -72,17 +71,8 @@ class ReferenceScorer:
             self._head = load_head(self.head_dir, dtype=self.dtype, device=self.device)
         return self._head
 
-    @property
-    def processor(self) -> Any:
-        if self._processor is None:
-            from transformers import AutoProcessor
-
-            self._processor = AutoProcessor.from_pretrained(self.folder)
-        return self._processor
-
     def encode(self, request: ClefRequest) -> Encoding:
-        processor = self.processor if request.has_media else None
-        return encode_request(request, self.tokenizer, processor=processor, max_length=self.max_length)
+        return self.encoder.encode(request)
 
     @torch.inference_mode()
     def hidden_states(self, encodings: Sequence[Encoding]) -> list[torch.Tensor]:

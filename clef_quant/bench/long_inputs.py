@@ -171,10 +171,10 @@ def run_long_inputs_bench(
     clients: int = 4,
     on_stage: Callable[[str], None] | None = None,
 ) -> LongInputsResult:
-    from transformers import AutoTokenizer
+    from clef_vllm.encoder import load_tokenizer
 
     stage = on_stage or (lambda _: None)
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = load_tokenizer(model)
     port = free_port()
     flags = ["--max-model-len", str(max_model_len), "--enforce-eager", "--max-num-batched-tokens", "65536"]
     load = load_average()

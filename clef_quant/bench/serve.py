@@ -151,14 +151,12 @@ def run_serve_bench(
     """Score the same `records` requests offline, through the server, and with the reference.
 
     Server clients send bodies larger than `compress_above` bytes zstd-compressed (None: never)."""
-    from transformers import AutoTokenizer
-
-    from clef_vllm.encoding import encode_request
+    from clef_vllm.encoder import Encoder
     from clef_vllm.request import parse_request
 
     bodies = varied_requests(records, seed=11)
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    tokens = sum(encode_request(parse_request(b), tokenizer, max_length=max_model_len).num_tokens for b in bodies)
+    encoder = Encoder(model, max_length=max_model_len)
+    tokens = sum(encoder.encode(parse_request(b)).num_tokens for b in bodies)
     result = ServeBenchResult(
         model=str(model), records=records, tokens=tokens, clients=clients, compress_above=compress_above
     )

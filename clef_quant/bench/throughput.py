@@ -29,7 +29,8 @@ from clef_quant.evaluation.store import tool_versions
 from clef_quant.formatting import utc_minute
 from clef_quant.release_folder.fingerprints import folder_fingerprint
 from clef_quant.throughput_report import ThroughputResult, ThroughputRow
-from clef_vllm.encoding import Encoding, encode_request
+from clef_vllm.encoder import Encoder
+from clef_vllm.encoding import Encoding
 from clef_vllm.errors import ClefError
 from clef_vllm.request import ClefRequest, parse_request
 
@@ -104,14 +105,9 @@ def run_throughput(
     engines = FreshEngines(max_model_len=max_model_len, **engine_kwargs)
     for name, folder in plugin:
         stage(f"plugin {name}: starting the engine")
-        from transformers import AutoProcessor, AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        encodings = [encode_request(r, tokenizer, max_length=max_model_len) for r in requests]
-        processor = AutoProcessor.from_pretrained(folder) if image_requests else None
-        with_images = [
-            encode_request(r, tokenizer, processor=processor, max_length=max_model_len) for r in image_requests
-        ]
+        encoder = Encoder(folder, max_length=max_model_len)
+        encodings = [encoder.encode(r) for r in requests]
+        with_images = [encoder.encode(r) for r in image_requests]
         began = time.perf_counter()
         with engines.open(folder) as engine:
             started = time.perf_counter() - began

@@ -26,16 +26,12 @@ def encode(
 
     Example: clef-quant encode --model artifacts/tiny examples/request.json
     """
-    from transformers import AutoProcessor, AutoTokenizer
-
-    from clef_vllm.encoding import encode_request
+    from clef_vllm.encoder import Encoder
 
     request = parse_request(read_json_file(request_file))
-    folder = resolve_release(model, revision)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    processor = AutoProcessor.from_pretrained(folder) if request.has_media else None
-    encoding = encode_request(request, tokenizer, processor=processor, max_length=max_length)
-    typer.echo(json.dumps(describe(encoding, tokenizer.decode), ensure_ascii=False, indent=2))
+    encoder = Encoder(resolve_release(model, revision), max_length=max_length)
+    encoding = encoder.encode(request)
+    typer.echo(json.dumps(describe(encoding, encoder.tokenizer.decode), ensure_ascii=False, indent=2))
 
 
 def describe(encoding: Encoding, decode: Any) -> dict[str, Any]:

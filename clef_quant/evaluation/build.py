@@ -23,7 +23,8 @@ from clef_quant.formatting import utc_minute
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_quant.release_folder.outputs import check_output
 from clef_quant.release_folder.staged import staged_folder
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Tokenizer, encode_request, render
+from clef_vllm.encoder import Encoder
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH, render
 from clef_vllm.request import parse_request
 
 DEFAULT_PER_TASK = 200
@@ -47,26 +48,17 @@ class BuildResult:
     summary: dict[str, Any]
 
 
-def _processor_for_media(records: Sequence[Record], tokenizer: Any) -> Any:
-    """The processor of the tokenizer's folder, only when some record has images (it expands them)."""
-    if not any(r.request.get("images") or r.request.get("videos") for r in records):
-        return None
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(tokenizer.name_or_path)
+# Lengths are measured uncut: no record is long enough to reach this.
+UNCUT = 10**9
 
 
-def _lengths(records: Sequence[Record], tokenizer: Tokenizer | None) -> dict[str, Any]:
+def _lengths(records: Sequence[Record], encoder: Encoder | None) -> dict[str, Any]:
     """Prompt lengths in tokens (the real encoding, uncut) or, without a tokenizer, characters of state + questions."""
     if not records:
         return {}
-    if tokenizer is not None:
+    if encoder is not None:
         unit = "tokens"
-        processor = _processor_for_media(records, tokenizer)
-        values = [
-            encode_request(parse_request(r.request), tokenizer, processor=processor, max_length=10**9).num_tokens
-            for r in records
-        ]
+        values = [encoder.encode(parse_request(r.request)).num_tokens for r in records]
     else:
         unit = "characters (state + questions as JSON)"
         values = [len(render(r.request["state"])) + len(render(r.request["questions"])) for r in records]
@@ -83,7 +75,7 @@ def _lengths(records: Sequence[Record], tokenizer: Tokenizer | None) -> dict[str
         "p95": int(p95),
         "max": int(lengths.max()),
     }
-    if tokenizer is not None:
+    if encoder is not None:
         result["over_default_max_length"] = sum(v > DEFAULT_MAX_LENGTH for v in values)
     return result
 
@@ -112,11 +104,7 @@ def build_data(
     check_output(out, "build-data", config.overwrite)
     if config.source != HUB:
         check_local_source(Path(config.source), tasks, calibration=config.calibration > 0)
-    tokenizer = None
-    if config.tokenizer is not None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
+    encoder = Encoder(config.tokenizer, max_length=UNCUT) if config.tokenizer is not None else None
 
     notify = on_task or (lambda _task, _stage: None)
     quotas = calibration_quotas(tasks, config.calibration)
@@ -152,13 +140,13 @@ def build_data(
                 "rows": sample.eval_rows,
                 "records": len(sample.eval_records),
                 "questions": sum(len(r.request["questions"]) for r in sample.eval_records),
-                "lengths": _lengths(sample.eval_records, tokenizer),
+                "lengths": _lengths(sample.eval_records, encoder),
             },
             "calibration": {
                 "split": spec.calibration_split,
                 "rows": sample.calibration_rows,
                 "records": len(sample.calibration_records),
-                "lengths": _lengths(sample.calibration_records, tokenizer),
+                "lengths": _lengths(sample.calibration_records, encoder),
             },
             "skipped": sample.skipped,
         }
@@ -170,7 +158,7 @@ def build_data(
         "seed": config.seed,
         "per_task": config.per_task,
         "calibration_requested": config.calibration,
-        "length_unit": "tokens" if tokenizer is not None else "characters",
+        "length_unit": "tokens" if encoder is not None else "characters",
         "tokenizer": str(config.tokenizer) if config.tokenizer else None,
         "counts": {
             "tasks": len(samples),

@@ -31,7 +31,8 @@ from clef_quant.evaluation.scoring import score_plugin, score_reference
 from clef_quant.evaluation.sides import Side, encode_all, plan_sides
 from clef_quant.evaluation.store import ProbabilityStore, StoredRecord
 from clef_quant.progress import NoProgress, Progress
-from clef_vllm.encoding import Encoding, encode_request
+from clef_vllm.encoder import Encoder
+from clef_vllm.encoding import Encoding
 from clef_vllm.errors import CheckpointError
 
 
@@ -108,22 +109,11 @@ def run_eval(
         sides[0].folder, dtype=torch.bfloat16, device=config.device, max_length=config.max_model_len
     )  # loads the tokenizer now, the model on first use
     encode_all(sides[0], data.records, scorer.encode)
-    from transformers import AutoProcessor, AutoTokenizer
-
-    tokenizers: dict[Path, Any] = {}
-    with_media = any(record.request.has_media for record in data.records)
+    encoders: dict[Path, Encoder] = {}
     for side in sides[1:]:
-        if side.folder not in tokenizers:
-            processor = AutoProcessor.from_pretrained(side.folder) if with_media else None
-            tokenizers[side.folder] = (AutoTokenizer.from_pretrained(side.folder), processor)
-        tokenizer, processor = tokenizers[side.folder]
-        encode_all(
-            side,
-            data.records,
-            lambda request, t=tokenizer, p=processor: encode_request(
-                request, t, processor=p, max_length=config.max_model_len
-            ),
-        )
+        if side.folder not in encoders:
+            encoders[side.folder] = Encoder(side.folder, max_length=config.max_model_len)
+        encode_all(side, data.records, encoders[side.folder].encode)
 
     probs_dir = Path(config.out) / PROBS_DIR
     stores = {side.key: ProbabilityStore(probs_dir / f"{side.key}.jsonl", side.producer()) for side in sides}

@@ -17,12 +17,6 @@ from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.fused_scales import fused_global_scales
 
 
-def load_tokenizer(source_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(source_dir)
-
-
 def backbone_class(source_config: dict[str, Any]) -> Any:
     """The transformers class `config.json`'s `architectures` names."""
     import transformers
