@@ -11,7 +11,15 @@ import typer
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
-from clef_quant.cli._options import QUANTIZE_SCHEMES, choice_option, device_option, dtype_option
+from clef_quant.cli._options import (
+    MAX_SEQ_LEN_HELP,
+    QUANTIZE_SCHEMES,
+    EnforceEagerOption,
+    choice_option,
+    device_option,
+    dtype_option,
+    eager_engine_kwargs,
+)
 from clef_quant.cli._output import results_console
 from clef_quant.cli._progress import LLM_COMPRESSOR_QUIET, VLLM_QUIET, quiet_tools, stages
 from clef_quant.formatting import binary_size
@@ -119,7 +127,7 @@ def serve(
     clients: Annotated[
         int | None, typer.Option(min=1, help="Concurrent HTTP clients.", show_default="32; 4 with --long-inputs")
     ] = None,
-    max_model_len: Annotated[int, typer.Option(min=256)] = 4096,
+    max_model_len: Annotated[int, typer.Option(min=256, help="Maximum prompt length in tokens of every side.")] = 4096,
     max_num_batched_tokens: Annotated[
         int, typer.Option(min=256, help="Tokens per engine step of the batched (--no-batch-invariant) runs.")
     ] = 8192,
@@ -205,7 +213,7 @@ def throughput(
     device: Annotated[
         str, device_option("Where the reference runs: cpu, cuda or cuda:N (the plugin runs where vLLM runs).")
     ] = "cpu",
-    eager: Annotated[bool, typer.Option(help="Run vLLM without graph compilation.")] = False,
+    enforce_eager: EnforceEagerOption = False,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -217,7 +225,7 @@ def throughput(
     """Records/s and tokens/s of the transformers reference and of the plugin (bf16, FP8, NVFP4) on the same records.
 
     Example: clef-quant bench throughput --reference artifacts/tiny --fp8 artifacts/tiny-FP8_DYNAMIC \\
-        --nvfp4 artifacts/tiny-NVFP4 --data data/eval --records 28 --eager
+        --nvfp4 artifacts/tiny-NVFP4 --data data/eval --records 28 --enforce-eager
     """
     from clef_quant.bench.throughput import load_requests, run_throughput
     from clef_quant.bench.workload import image_requests
@@ -242,7 +250,7 @@ def throughput(
             batch_size=batch_size,
             max_model_len=max_model_len,
             device=device,
-            engine_kwargs={"enforce_eager": True} if eager else {},
+            engine_kwargs=eager_engine_kwargs(enforce_eager),
             on_stage=show,
             image_requests=[parse_request(body) for body in image_requests(image_records, seed=0)],
         )
@@ -295,7 +303,7 @@ def quantize(
         Path | None, typer.Option(help="scan.json of this model: adds `auto` at the size of nvfp4-hybrid.")
     ] = None,
     calibration_records: Annotated[int, typer.Option(min=1, help="Calibration records for every scheme.")] = 16,
-    max_seq_len: Annotated[int, typer.Option(min=16, help="Calibration length in tokens.")] = 2048,
+    max_seq_len: Annotated[int, typer.Option(min=16, help=MAX_SEQ_LEN_HELP)] = 2048,
     max_model_len: Annotated[
         int | None, typer.Option(min=256, help="Prompt length limit for evaluation.", show_default="4096")
     ] = None,

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from clef_quant.cli._errors import read_json_file, user_errors
-from clef_quant.cli._options import MaxLengthOption, ModelOption, RequestArgument, RevisionOption
+from clef_quant.cli._options import MaxModelLenOption, ModelOption, RequestArgument, RevisionOption
 from clef_quant.release import resolve_release
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
 from clef_vllm.request import parse_request
@@ -20,7 +20,7 @@ def encode(
     request_file: RequestArgument,
     model: ModelOption,
     revision: RevisionOption = None,
-    max_length: MaxLengthOption = DEFAULT_MAX_LENGTH,
+    max_model_len: MaxModelLenOption = DEFAULT_MAX_LENGTH,
 ) -> None:
     """Print a request's encoding as JSON: token count, input ids, question and option spans with their text.
 
@@ -29,7 +29,7 @@ def encode(
     from clef_vllm.encoder import Encoder
 
     request = parse_request(read_json_file(request_file))
-    encoder = Encoder(resolve_release(model, revision), max_length=max_length)
+    encoder = Encoder(resolve_release(model, revision), max_length=max_model_len)
     encoding = encoder.encode(request)
     typer.echo(json.dumps(describe(encoding, encoder.tokenizer.decode), ensure_ascii=False, indent=2))
 

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
-from clef_quant.cli._options import config_from, device_option
+from clef_quant.cli._options import EnforceEagerOption, config_from, device_option, eager_engine_kwargs
 from clef_quant.cli._output import results_console
 from clef_quant.cli._progress import TRANSFORMERS_QUIET, VLLM_QUIET, RichProgress, quiet_tools, stages
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH
@@ -113,9 +113,7 @@ def evaluate(
     ] = DEFAULT_MAX_LENGTH,
     batch_size: Annotated[int, typer.Option(min=1, help="Records per transformers forward pass (reference).")] = 8,
     device: Annotated[str, device_option("Where the reference runs: cpu, cuda or cuda:N.")] = "cpu",
-    eager: Annotated[
-        bool, typer.Option(help="Run vLLM without graph compilation (starts much faster on a CPU).")
-    ] = False,
+    enforce_eager: EnforceEagerOption = False,
     batch_invariant: Annotated[
         bool,
         typer.Option(
@@ -135,7 +133,7 @@ def evaluate(
 
     Examples:
       clef-quant eval --reference artifacts/tiny --candidate artifacts/tiny-FP8_DYNAMIC \\
-          --candidate artifacts/tiny-NVFP4 --data data/eval --out results/tiny --max-model-len 4096 --eager
+          --candidate artifacts/tiny-NVFP4 --data data/eval --out results/tiny --max-model-len 4096 --enforce-eager
       clef-quant eval --reference flash --candidate flash-NVFP4 --data data/flash --out results/flash --device cuda
     """
     _quiet(verbose)
@@ -145,7 +143,7 @@ def evaluate(
     from clef_quant.evaluation.report import write_results
     from clef_quant.evaluation.runner import run_eval
 
-    engine_kwargs: dict[str, Any] = {"enforce_eager": True} if eager else {}
+    engine_kwargs = eager_engine_kwargs(enforce_eager)
     config = config_from(EvalConfig, locals(), candidates=candidate)
     records = read_eval_data(data)  # every line checked before a bar is drawn or a model loads
     engines = FreshEngines(max_model_len=max_model_len, batch_invariant=batch_invariant, **engine_kwargs)

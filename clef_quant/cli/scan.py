@@ -44,7 +44,10 @@ def scan(
     heldout: Annotated[
         int, typer.Option(help="The file's last N text requests: scored, never calibrated on.")
     ] = DEFAULT_HELDOUT,
-    max_seq_len: Annotated[int, typer.Option(help="Length in tokens for both; the state is cut to fit.")] = 2048,
+    max_seq_len: Annotated[
+        int,
+        typer.Option(help="Length in tokens of calibration and held-out records (not an engine's --max-model-len)."),
+    ] = 2048,
     device: Annotated[str, device_option("cpu, or cuda / cuda:N (one GPU) for clef-flash.")] = "cpu",
     overwrite: Annotated[bool, typer.Option(help="Start over instead of resuming OUT/scan.json.")] = False,
     revision: RevisionOption = None,
