@@ -7,13 +7,14 @@ compared with what this produces.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from clef_quant.progress import NoProgress, Progress
 from clef_vllm.answers import response_from_logits
 from clef_vllm.encoder import Encoder
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
@@ -112,9 +113,13 @@ class ReferenceScorer:
         requests: Sequence[ClefRequest],
         *,
         batch_size: int = 8,
-        on_batch: Callable[[int], None] | None = None,
+        progress: Progress | None = None,
+        task: str = "scoring",
     ) -> list[ScoredRecord]:
-        """Score requests in order, `batch_size` records per forward pass; all are encoded before any runs."""
+        """Score requests in order, `batch_size` records per forward pass; all are encoded before any runs.
+
+        `progress` is told each batch's records as `task`."""
+        progress = progress or NoProgress()
         encodings = [self.encode(r) for r in requests]
         scored: list[ScoredRecord] = []
         for start in range(0, len(requests), batch_size):
@@ -124,6 +129,5 @@ class ReferenceScorer:
                 logits = logits.float().cpu()
                 response = response_from_logits(request, logits, encoding.num_tokens)
                 scored.append(ScoredRecord(encoding, logits, response))
-            if on_batch is not None:
-                on_batch(len(batch))
+            progress.advance(task, len(batch))
         return scored

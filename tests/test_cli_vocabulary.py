@@ -138,8 +138,8 @@ def test_long_problem_lists_are_cut_with_a_count() -> None:
 
 
 def test_only_the_output_module_makes_a_results_console() -> None:
-    """Tables go through results_console (full width into files and pipes); bars through the progress module."""
-    allowed = {"_output.py", "_progress.py"}
+    """Tables go through results_console (full width into files and pipes); bars through the stderr module."""
+    allowed = {"_output.py", "_stderr.py"}
     for path in CLI_DIR.glob("*.py"):
         if path.name in allowed:
             continue

@@ -21,7 +21,7 @@ from clef_quant.cli._options import (
     eager_engine_kwargs,
 )
 from clef_quant.cli._output import results_console
-from clef_quant.cli._progress import LLM_COMPRESSOR_QUIET, VLLM_QUIET, quiet_tools, stages
+from clef_quant.cli._stderr import LLM_COMPRESSOR_QUIET, VLLM_QUIET, RichProgress, quiet_tools
 from clef_quant.formatting import binary_size
 from clef_quant.quantize.recipes import AUTO_SCHEME, SCHEMES
 
@@ -88,8 +88,8 @@ def head(
     from clef_quant.bench.head_report import bench_command, render_markdown
 
     out = out or Path(f"bench/results/head-{_report_name(device)}.md")
-    with stages("benchmarking the head") as show:
-        result = run_head_bench(device=device, dtype=dtype, repeats=repeats, warmup=warmup, on_step=show)
+    with RichProgress() as progress:
+        result = run_head_bench(device=device, dtype=dtype, repeats=repeats, warmup=warmup, progress=progress)
     _write_report(out, render_markdown(result, bench_command(device, dtype, repeats, warmup, out, ctx.command_path)))
 
     table = Table(title=f"joint schema head, {result.machine}, {result.dtype}")
@@ -163,7 +163,7 @@ def serve(
         _long_inputs(model, max_model_len, clients or 4, out, report)
         return
     clients = clients or 32
-    with stages("benchmarking") as show:
+    with RichProgress() as progress:
         result = run_serve_bench(
             model,
             records=records,
@@ -171,7 +171,7 @@ def serve(
             max_model_len=max_model_len,
             max_num_batched_tokens=max_num_batched_tokens,
             compress_above=None if compress_above < 0 else compress_above,
-            on_stage=show,
+            progress=progress,
         )
     markdown = render_markdown(result, _command_line(), machine_name(torch.device("cpu")))
     _write_report(out, join_section(markdown, section), result_json(result))
@@ -187,8 +187,8 @@ def _long_inputs(model: Path, max_model_len: int, clients: int, out: Path, repor
     from clef_quant.bench.environment import machine_name
     from clef_quant.bench.long_inputs import join_section, render_section, run_long_inputs_bench
 
-    with stages("benchmarking") as show:
-        result = run_long_inputs_bench(model, max_model_len=max_model_len, clients=clients, on_stage=show)
+    with RichProgress() as progress:
+        result = run_long_inputs_bench(model, max_model_len=max_model_len, clients=clients, progress=progress)
     section = render_section(result, _command_line(), machine_name(torch.device("cpu")))
     _write_report(out, join_section(report, section) if report.strip() else section)
     worst = max(row.worst for row in result.rows)
@@ -241,7 +241,7 @@ def throughput(
 
     quiet_tools(False, VLLM_QUIET)
     requests = load_requests(data, records)
-    with stages("benchmarking") as show:
+    with RichProgress() as progress:
         result = run_throughput(
             reference,
             [(f"plugin {name}", folder) for name, folder in folders if folder is not None],
@@ -251,7 +251,7 @@ def throughput(
             max_model_len=max_model_len,
             device=device,
             engine_kwargs=eager_engine_kwargs(enforce_eager),
-            on_stage=show,
+            progress=progress,
             image_requests=[parse_request(body) for body in image_requests(image_records, seed=0)],
         )
     out = out or Path(f"bench/results/throughput-{_report_name(device)}.md")
@@ -354,7 +354,7 @@ def quantize(
         raise fail("auto needs --scan", hint=f"clef-quant scan {model} --out SCAN_DIR")
     out = out or Path("bench/results/quality-cpu.md")
     quiet_tools(False, LLM_COMPRESSOR_QUIET, VLLM_QUIET)
-    with stages("benchmarking") as show:
+    with RichProgress() as progress:
         result = run_quality_bench(
             model,
             schemes,
@@ -364,7 +364,7 @@ def quantize(
             calibration_records=calibration_records,
             max_seq_len=max_seq_len,
             max_model_len=max_model_len or 4096,
-            on_stage=show,
+            progress=progress,
         )
     _write_report(
         out, render_markdown(result, _command_line()), json.dumps(asdict(result), indent=2, default=str) + "\n"
@@ -401,7 +401,7 @@ def _against_plain(
     from clef_quant.bench.quantize_bench import DEFAULT_SCHEMES, SideFailed, compare, render_markdown
 
     out = out or Path(f"bench/results/quantize-{_report_name(device)}.json")
-    with stages("benchmarking") as show:
+    with RichProgress() as progress:
         try:
             results = compare(
                 model,
@@ -410,7 +410,7 @@ def _against_plain(
                 records=records,
                 max_seq_len=max_seq_len,
                 device=device,
-                on_stage=show,
+                progress=progress,
             )
         except SideFailed as exc:
             typer.echo(str(exc), err=True)

@@ -20,7 +20,7 @@ from clef_quant.cli._options import (
     device_option,
 )
 from clef_quant.cli._output import results_console
-from clef_quant.cli._progress import quantization_bars
+from clef_quant.cli._stderr import quantization_bars
 from clef_quant.formatting import binary_size
 from clef_quant.quantize.recipes import AUTO_SCHEME
 

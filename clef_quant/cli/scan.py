@@ -11,7 +11,7 @@ from rich.table import Table
 from clef_quant.cli._errors import user_errors
 from clef_quant.cli._options import RevisionOption, choice_option, config_from, device_option
 from clef_quant.cli._output import results_console
-from clef_quant.cli._progress import quantization_bars
+from clef_quant.cli._stderr import quantization_bars
 from clef_quant.quantize.scan import (
     DEFAULT_CALIBRATION_RECORDS,
     DEFAULT_HELDOUT,

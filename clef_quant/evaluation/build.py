@@ -7,7 +7,7 @@ is never half written, and Ctrl-C or SIGTERM leaves neither folder.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -20,6 +20,7 @@ from clef_quant.evaluation.sampling import Record, calibration_quotas, sample_ta
 from clef_quant.evaluation.sources import FIXTURES, HUB, check_local_source
 from clef_quant.evaluation.tasks import Task
 from clef_quant.formatting import utc_minute
+from clef_quant.progress import NoProgress, Progress
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_quant.release_folder.outputs import check_output
 from clef_quant.release_folder.staged import staged_folder
@@ -89,13 +90,13 @@ def _write_jsonl(path: Path, lines: Sequence[dict[str, Any]]) -> None:
 def build_data(
     config: BuildConfig,
     tasks: Sequence[Task],
-    on_task: Callable[[str, str], None] | None = None,
+    progress: Progress | None = None,
 ) -> BuildResult:
-    """Sample every task, write DATA.partial and rename it to DATA. `on_task(task, stage)` reports progress."""
+    """Sample every task, write DATA.partial and rename it to DATA. Each task's sampling is a `progress` task."""
     if config.source == FIXTURES:
         # datasets opens the Parquet files itself, so it needs them as real files.
         with resources.as_file(shipped.fixtures()) as folder:
-            return build_data(replace(config, source=str(folder)), tasks, on_task)
+            return build_data(replace(config, source=str(folder)), tasks, progress)
     if config.per_task < 1:
         raise DataError("--per-task must be at least 1")
     if config.calibration < 0:
@@ -106,12 +107,12 @@ def build_data(
         check_local_source(Path(config.source), tasks, calibration=config.calibration > 0)
     encoder = Encoder(config.tokenizer, max_length=UNCUT) if config.tokenizer is not None else None
 
-    notify = on_task or (lambda _task, _stage: None)
+    progress = progress or NoProgress()
     quotas = calibration_quotas(tasks, config.calibration)
     exclude: set[str] = set()
     samples = []
     for task in tasks:
-        notify(task.name, "sampling")
+        progress.start(f"{task.name}: sampling")
         samples.append(
             sample_task(
                 task,
@@ -122,7 +123,7 @@ def build_data(
                 exclude_states=exclude,
             )
         )
-        notify(task.name, "done")
+        progress.finish(f"{task.name}: sampling")
 
     summary_tasks = {}
     for sample in samples:

@@ -58,7 +58,7 @@ def _score_side(
     side: Side,
     records: Sequence[EvalRecord],
     store: ProbabilityStore,
-    score: Callable[[list[Encoding], Callable[[int], None]], list[tuple[list[list[float]], float]]],
+    score: Callable[[list[Encoding], Progress, str], list[tuple[list[list[float]], float]]],
     progress: Progress,
 ) -> None:
     """Score one side's missing records task by task; reused records complete their bar at once."""
@@ -69,7 +69,7 @@ def _score_side(
         side.reused += len(indices) - len(missing)
         progress.advance(bar, len(indices) - len(missing))
         if missing:
-            scored = score([side.encodings[i] for i in missing], lambda n, bar=bar: progress.advance(bar, n))
+            scored = score([side.encodings[i] for i in missing], progress, bar)
             store.add(
                 [
                     StoredRecord(side.keys[i], records[i].id, task, side.encodings[i].num_tokens, seconds, probs)
@@ -134,18 +134,18 @@ def run_eval(
 
 
 def _reference_scoring(scorer: Any, batch_size: int) -> Callable[..., list[tuple[list[list[float]], float]]]:
-    def score(encodings: list[Encoding], advance: Callable[[int], None]) -> list[tuple[list[list[float]], float]]:
-        return score_reference(scorer, encodings, batch_size, advance)
+    def score(encodings: list[Encoding], progress: Progress, bar: str) -> list[tuple[list[list[float]], float]]:
+        return score_reference(scorer, encodings, batch_size, progress, bar)
 
     return score
 
 
 def _plugin_scoring(engine: Any) -> Callable[..., list[tuple[list[list[float]], float]]]:
-    def score(encodings: list[Encoding], advance: Callable[[int], None]) -> list[tuple[list[list[float]], float]]:
-        return score_plugin(engine, encodings, on_chunk=advance)
+    def score(encodings: list[Encoding], progress: Progress, bar: str) -> list[tuple[list[list[float]], float]]:
+        return score_plugin(engine, encodings, progress=progress, task=bar)
 
     return score
 
 
-def _never(encodings: list[Encoding], advance: Callable[[int], None]) -> list[tuple[list[list[float]], float]]:
+def _never(encodings: list[Encoding], progress: Progress, bar: str) -> list[tuple[list[list[float]], float]]:
     raise AssertionError("nothing should be scored here")

@@ -33,7 +33,7 @@ from typing import Any
 
 from clef_quant.formatting import utc_timestamp
 from clef_quant.progress import NoProgress, Progress
-from clef_quant.quantize import progress as tasks
+from clef_quant.quantize import task_names as tasks
 from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN, CalibrationSummary, as_dataloader, build_calibration
 from clef_quant.quantize.compress import load_model, run_oneshot
 from clef_quant.quantize.contents import ReleaseContents, plan_contents
