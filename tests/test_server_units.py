@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import itertools
 import json
 import logging
+import re
 import zlib
+from pathlib import Path
 
 import httpx
 import pytest
@@ -194,12 +197,52 @@ def test_an_unexpected_error_is_a_json_500_without_internals(tmp_path, caplog):
     assert logged, "the failure is logged with its request id"
 
 
-def test_cli_flags_have_documented_defaults():
+README = Path(__file__).resolve().parents[1] / "README.md"
+# Table rows whose default is not a literal the parser holds: the name comes from the model card, and the engine
+# step size is resolved at start from --no-batch-invariant and --max-model-len.
+NOT_LITERAL = {"--served-model-name", "--max-num-seqs", "--max-num-batched-tokens"}
+
+
+def readme_flag_defaults() -> dict[str, str]:
+    """Each flag of README's `clef-systemone` table (| flag | default | what |) with the default it states."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    start = lines.index("| flag | default | what |") + 2
+    defaults: dict[str, str] = {}
+    for line in itertools.takewhile(lambda text: text.startswith("|"), lines[start:]):
+        flag_cell, default_cell = line.split("|")[1:3]
+        flags = re.findall(r"`(--[a-z-]+)", flag_cell)
+        values = re.split(r" / |, ", default_cell.strip())  # `16,384` has no space after its comma
+        assert len(values) in (1, len(flags)), line
+        defaults |= dict(zip(flags, values * len(flags) if len(values) == 1 else values, strict=True))
+    return defaults
+
+
+def documented_value(text: str) -> object:
+    """A README default as the parser would hold it: `16,384` and `10 s` are numbers, `off` False, `none` None."""
+    words = {"off": False, "none": None}
+    if text in words:
+        return words[text]
+    number = re.fullmatch(r"([\d,.]+)( s)?", text)
+    assert number, f"README default {text!r} is not a literal this test reads"
+    return float(number.group(1).replace(",", ""))
+
+
+def test_cli_flags_have_the_defaults_readme_documents():
     from clef_vllm.server.cli import parse_args
 
+    documented = readme_flag_defaults()
     args = parse_args(["--model", "x"])
-    assert (args.header_timeout, args.body_timeout, args.idle_timeout, args.max_connections) == (10.0, 60.0, 5.0, 512)
-    assert args.max_body_mb == 13.0
+    parsed, expected = {}, {}
+    for flag, text in documented.items():
+        if flag in NOT_LITERAL:
+            continue
+        name, value = flag.removeprefix("--").replace("-", "_"), documented_value(text)
+        if name.startswith("no_"):  # `--no-X` documented off: X is on
+            name, value = name.removeprefix("no_"), not value
+        parsed[flag], expected[flag] = getattr(args, name), value
+    assert parsed == expected
+    assert set(parsed) >= {"--max-body-mb", "--header-timeout", "--body-timeout", "--idle-timeout", "--max-connections"}
+    assert set(parsed) >= {"--max-model-len", "--tp", "--dp", "--enforce-eager", "--no-batch-invariant", "--api-key"}
 
 
 # -- clef-systemone refuses bad flags as clef-quant does: one `error:` line, exit 2 ---------------------------
