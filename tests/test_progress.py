@@ -85,3 +85,16 @@ def test_a_run_refused_before_any_work_draws_nothing() -> None:
     with RichProgress(Console(file=out, width=100)):
         pass
     assert out.getvalue() == ""
+
+
+def test_the_stage_line_names_the_running_task_and_leaves_no_output_behind(capsys) -> None:
+    """Benchmarks and build-data show one line that follows their stages; their output stays their results."""
+    from clef_quant.cli._stderr import stage_line
+
+    with stage_line("benchmarking") as progress:
+        stage = Stages(progress)
+        stage("warm-up")
+        assert progress._status.status == "warm-up"
+        stage.done()
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""

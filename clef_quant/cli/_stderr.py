@@ -1,6 +1,7 @@
 """What a command shows on stderr while it works, in one style: a bar for each task the library reports through
-`clef_quant.progress` (counted in steps or bytes, or a spinner with its time for work that counts nothing), and
-the underlying tools' own output held back unless --verbose. Standard output keeps only the results.
+`clef_quant.progress` (counted in steps or bytes, or a spinner with its time for work that counts nothing), one
+spinner line naming the current task for runs made only of such work (the benchmarks), and the underlying tools'
+own output held back unless --verbose. Standard output keeps only the results.
 """
 
 from __future__ import annotations
@@ -97,6 +98,30 @@ class RichProgress:
                 self._bars.update(task_id, total=1, completed=1)
             else:
                 self._bars.update(task_id, completed=total)
+
+
+class _StageLine:
+    """The progress protocol as one spinner line that names the task running now."""
+
+    def __init__(self, status: Any) -> None:
+        self._status = status
+
+    def start(self, task: str, total: int | None = None, unit: str = "") -> None:
+        self._status.update(task)
+
+    def advance(self, task: str, amount: int = 1) -> None:
+        pass
+
+    def finish(self, task: str) -> None:
+        pass
+
+
+@contextmanager
+def stage_line(first: str) -> Iterator[_StageLine]:
+    """One line on stderr, `first` until the run starts its first task; it is gone when the run ends (and never
+    drawn when stderr is not a terminal), so a benchmark's terminal output is its results alone."""
+    with stderr_console().status(first) as status:
+        yield _StageLine(status)
 
 
 def quiet_tools(verbose: bool, *settings: Mapping[str, str]) -> None:

@@ -21,7 +21,7 @@ from clef_quant.cli._options import (
     eager_engine_kwargs,
 )
 from clef_quant.cli._output import results_console
-from clef_quant.cli._stderr import LLM_COMPRESSOR_QUIET, VLLM_QUIET, RichProgress, quiet_tools
+from clef_quant.cli._stderr import LLM_COMPRESSOR_QUIET, VLLM_QUIET, quiet_tools, stage_line
 from clef_quant.formatting import binary_size
 from clef_quant.quantize.recipes import AUTO_SCHEME, SCHEMES
 
@@ -88,7 +88,7 @@ def head(
     from clef_quant.bench.head_report import bench_command, render_markdown
 
     out = out or Path(f"bench/results/head-{_report_name(device)}.md")
-    with RichProgress() as progress:
+    with stage_line("benchmarking the head") as progress:
         result = run_head_bench(device=device, dtype=dtype, repeats=repeats, warmup=warmup, progress=progress)
     _write_report(out, render_markdown(result, bench_command(device, dtype, repeats, warmup, out, ctx.command_path)))
 
@@ -163,7 +163,7 @@ def serve(
         _long_inputs(model, max_model_len, clients or 4, out, report)
         return
     clients = clients or 32
-    with RichProgress() as progress:
+    with stage_line("benchmarking") as progress:
         result = run_serve_bench(
             model,
             records=records,
@@ -187,7 +187,7 @@ def _long_inputs(model: Path, max_model_len: int, clients: int, out: Path, repor
     from clef_quant.bench.environment import machine_name
     from clef_quant.bench.long_inputs import join_section, render_section, run_long_inputs_bench
 
-    with RichProgress() as progress:
+    with stage_line("benchmarking") as progress:
         result = run_long_inputs_bench(model, max_model_len=max_model_len, clients=clients, progress=progress)
     section = render_section(result, _command_line(), machine_name(torch.device("cpu")))
     _write_report(out, join_section(report, section) if report.strip() else section)
@@ -241,7 +241,7 @@ def throughput(
 
     quiet_tools(False, VLLM_QUIET)
     requests = load_requests(data, records)
-    with RichProgress() as progress:
+    with stage_line("benchmarking") as progress:
         result = run_throughput(
             reference,
             [(f"plugin {name}", folder) for name, folder in folders if folder is not None],
@@ -354,7 +354,7 @@ def quantize(
         raise fail("auto needs --scan", hint=f"clef-quant scan {model} --out SCAN_DIR")
     out = out or Path("bench/results/quality-cpu.md")
     quiet_tools(False, LLM_COMPRESSOR_QUIET, VLLM_QUIET)
-    with RichProgress() as progress:
+    with stage_line("benchmarking") as progress:
         result = run_quality_bench(
             model,
             schemes,
@@ -401,7 +401,7 @@ def _against_plain(
     from clef_quant.bench.quantize_bench import DEFAULT_SCHEMES, SideFailed, compare, render_markdown
 
     out = out or Path(f"bench/results/quantize-{_report_name(device)}.json")
-    with RichProgress() as progress:
+    with stage_line("benchmarking") as progress:
         try:
             results = compare(
                 model,

@@ -12,7 +12,7 @@ from rich.table import Table
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import EnforceEagerOption, config_from, device_option, eager_engine_kwargs
 from clef_quant.cli._output import results_console
-from clef_quant.cli._stderr import TRANSFORMERS_QUIET, VLLM_QUIET, RichProgress, quiet_tools
+from clef_quant.cli._stderr import TRANSFORMERS_QUIET, VLLM_QUIET, RichProgress, quiet_tools, stage_line
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH
 
 
@@ -68,7 +68,7 @@ def build_data(
     if tokenizer is not None and not (tokenizer / "config.json").is_file():
         raise fail(f"--tokenizer {tokenizer} is not a release folder")
     config = config_from(BuildConfig, locals())
-    with RichProgress(transient=True) as progress:
+    with stage_line("loading tasks") as progress:
         result = run_build(config, tasks, progress)
 
     table = Table(title=f"wrote {result.out}", title_justify="left")
