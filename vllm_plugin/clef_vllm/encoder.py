@@ -72,6 +72,7 @@ class Encoder:
         max_length: int | None = None,
         media_limits: MediaLimits = DEFAULT_MEDIA_LIMITS,
     ) -> Encoding:
+        """`request` as the release reads it (`encode_request`), with the processor when it has media."""
         return encode_request(
             request,
             self.tokenizer,
