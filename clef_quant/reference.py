@@ -7,15 +7,17 @@ compared with what this produces.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from clef_quant.progress import NoProgress, Progress
 from clef_vllm.answers import response_from_logits
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, encode_request
+from clef_vllm.encoder import Encoder
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
 from clef_vllm.head_files import find_head_dir, load_head
 from clef_vllm.request import ClefRequest
 
@@ -40,15 +42,13 @@ class ReferenceScorer:
         device: str = "cpu",
         max_length: int = DEFAULT_MAX_LENGTH,
     ) -> None:
-        from transformers import AutoTokenizer
-
         self.folder = Path(folder)
         self.device = torch.device(device)
         self.max_length = max_length
         self.dtype = dtype
-        self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        self.encoder = Encoder(self.folder, max_length=max_length)  # the processor only once media come
+        self.tokenizer = self.encoder.tokenizer
         self.head_dir = find_head_dir(self.folder)
-        self._processor: Any = None
         self._model: Any = None
         self._head: Any = None
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -72,17 +72,8 @@ class ReferenceScorer:
             self._head = load_head(self.head_dir, dtype=self.dtype, device=self.device)
         return self._head
 
-    @property
-    def processor(self) -> Any:
-        if self._processor is None:
-            from transformers import AutoProcessor
-
-            self._processor = AutoProcessor.from_pretrained(self.folder)
-        return self._processor
-
     def encode(self, request: ClefRequest) -> Encoding:
-        processor = self.processor if request.has_media else None
-        return encode_request(request, self.tokenizer, processor=processor, max_length=self.max_length)
+        return self.encoder.encode(request)
 
     @torch.inference_mode()
     def hidden_states(self, encodings: Sequence[Encoding]) -> list[torch.Tensor]:
@@ -122,9 +113,13 @@ class ReferenceScorer:
         requests: Sequence[ClefRequest],
         *,
         batch_size: int = 8,
-        on_batch: Callable[[int], None] | None = None,
+        progress: Progress | None = None,
+        task: str = "scoring",
     ) -> list[ScoredRecord]:
-        """Score requests in order, `batch_size` records per forward pass; all are encoded before any runs."""
+        """Score requests in order, `batch_size` records per forward pass; all are encoded before any runs.
+
+        `progress` is told each batch's records as `task`."""
+        progress = progress or NoProgress()
         encodings = [self.encode(r) for r in requests]
         scored: list[ScoredRecord] = []
         for start in range(0, len(requests), batch_size):
@@ -134,6 +129,5 @@ class ReferenceScorer:
                 logits = logits.float().cpu()
                 response = response_from_logits(request, logits, encoding.num_tokens)
                 scored.append(ScoredRecord(encoding, logits, response))
-            if on_batch is not None:
-                on_batch(len(batch))
+            progress.advance(task, len(batch))
         return scored

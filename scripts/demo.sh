@@ -68,12 +68,12 @@ done
 
 step "eval: bf16 reference (transformers) vs the noise floor and both candidates (vLLM plugin)"
 "$CLI" eval --reference "$OUT/tiny" --candidate "$OUT/tiny-FP8_DYNAMIC" --candidate "$OUT/tiny-NVFP4" \
-  --data "$OUT/data" --out "$OUT/results" --max-model-len "$MAX_LEN" --eager
+  --data "$OUT/data" --out "$OUT/results" --max-model-len "$MAX_LEN" --enforce-eager
 done_step
 
 step "bench throughput: $THROUGHPUT_RECORDS records through every side"
 "$CLI" bench throughput --reference "$OUT/tiny" --fp8 "$OUT/tiny-FP8_DYNAMIC" --nvfp4 "$OUT/tiny-NVFP4" \
-  --data "$OUT/data" --records "$THROUGHPUT_RECORDS" --max-model-len "$MAX_LEN" --eager \
+  --data "$OUT/data" --records "$THROUGHPUT_RECORDS" --max-model-len "$MAX_LEN" --enforce-eager \
   --out "$OUT/throughput-cpu.md"
 done_step
 

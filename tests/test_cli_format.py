@@ -135,7 +135,7 @@ def test_encode_reports_state_truncation(runner, cli_app, tiny_dir, tmp_path):
     full = json.loads(invoke(runner, cli_app, "encode", "--model", tiny_dir, path).stdout)
     max_length = full["num_tokens"] - 7
 
-    result = invoke(runner, cli_app, "encode", "--model", tiny_dir, "--max-length", max_length, path)
+    result = invoke(runner, cli_app, "encode", "--model", tiny_dir, "--max-model-len", max_length, path)
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["num_tokens"] == max_length
@@ -273,7 +273,7 @@ def test_what_is_not_a_release_is_refused_in_one_wording_everywhere(runner, cli_
 @pytest.mark.parametrize("command", ["encode", "score"])
 def test_schema_too_long(runner, cli_app, tiny_dir, tmp_path, command):
     path = write(tmp_path, MIXED_REQUEST)
-    result = invoke(runner, cli_app, command, "--model", tiny_dir, "--max-length", 10, path)
+    result = invoke(runner, cli_app, command, "--model", tiny_dir, "--max-model-len", 10, path)
     assert_user_error(result, r"^error: schema requires \d+ tokens before state; maximum is 10$")
 
 
@@ -291,7 +291,7 @@ def test_installed_script_prints_no_traceback(tiny_dir, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "CLEF_QUANT_DEBUG"}
     path = write(tmp_path, MIXED_REQUEST)
     proc = subprocess.run(
-        [str(script), "encode", "--model", str(tiny_dir), "--max-length", "10", path],
+        [str(script), "encode", "--model", str(tiny_dir), "--max-model-len", "10", path],
         capture_output=True,
         text=True,
         env=env,
@@ -381,7 +381,7 @@ def test_score_truncated_state_counts_max_length(runner, cli_app, tiny_dir, tmp_
     path = write(tmp_path, MIXED_REQUEST)
     full = json.loads(invoke(runner, cli_app, "encode", "--model", tiny_dir, path).stdout)
     max_length = full["num_tokens"] - 5
-    response = score_json(runner, cli_app, tiny_dir, path, "--max-length", max_length)
+    response = score_json(runner, cli_app, tiny_dir, path, "--max-model-len", max_length)
     assert response["usage"]["input_tokens"] == max_length
     for qid, question in MIXED_REQUEST["questions"].items():
         check_answer(question, response["answers"][qid])
@@ -425,12 +425,14 @@ REFUSALS = [
     ),
     pytest.param(["score", "--model", "{tiny}", "{deep}"], r"deep\.json: state.*nested more than 64", id="score-deep"),
     pytest.param(["make-tiny", "{tmp}/t", "--seed", "abc"], r"Invalid value for '--seed'", id="seed-abc"),
-    pytest.param(["encode", "--model", "{tiny}", "--max-length", "0", "{deep}"], r"'--max-length'", id="max-length-0"),
+    pytest.param(
+        ["encode", "--model", "{tiny}", "--max-model-len", "0", "{deep}"], r"'--max-model-len'", id="max-model-len-0"
+    ),
     pytest.param(["build-data", "--out", "{tmp}/d", "--per-task", "0"], r"'--per-task'", id="per-task-0"),
     pytest.param(
         ["eval", "--max-model-len", "0", "--reference", "{tiny}", "--candidate", "{tiny}", "--data", "{tmp}"],
         r"'--max-model-len'",
-        id="max-model-len-0",
+        id="eval-max-model-len-0",
     ),
     pytest.param(["no-such-command"], r"No such command 'no-such-command'", id="unknown-command"),
     pytest.param(["bench", "no-such-command"], r"No such command", id="unknown-bench-command"),

@@ -138,8 +138,8 @@ def test_long_problem_lists_are_cut_with_a_count() -> None:
 
 
 def test_only_the_output_module_makes_a_results_console() -> None:
-    """Tables go through results_console (full width into files and pipes); bars through the progress module."""
-    allowed = {"_output.py", "_progress.py"}
+    """Tables go through results_console (full width into files and pipes); bars through the stderr module."""
+    allowed = {"_output.py", "_stderr.py"}
     for path in CLI_DIR.glob("*.py"):
         if path.name in allowed:
             continue
@@ -162,3 +162,62 @@ def test_bench_quantize_reports_each_scheme(tiny_dir: Path, tmp_path: Path) -> N
     assert row["scheme"] == "fp8-dynamic" and 0 < row["backbone_bytes"] < row["source_bytes"]
     assert (tmp_path / "work" / f"{tiny_dir.name}-fp8-dynamic" / "clef_quant.json").is_file()
     assert "| fp8-dynamic |" in out.read_text()
+
+
+def parsed_options(path: list[str], args: list[str]) -> dict:
+    """The values the options of command `path` get from `args`, parsed as `clef-quant PATH ARGS` parses them."""
+    import click
+    import typer.main
+
+    command = typer.main.get_command(app)
+    context = click.Context(command, info_name="clef-quant", **command.context_settings)
+    for name in path[:-1]:
+        command = command.get_command(context, name)
+        context = click.Context(command, info_name=name, parent=context)
+    leaf = command.get_command(context, path[-1])
+    return leaf.make_context(path[-1], list(args), parent=context).params
+
+
+def help_words(command: list[str]) -> str:
+    return " ".join(CliRunner().invoke(app, [*command, "--help"]).stdout.replace("│", " ").split())
+
+
+ENGINE_COMMANDS = {
+    "eval": ["--reference", "R", "--candidate", "C", "--data", "D", "--out", "O"],
+    "bench throughput": ["--reference", "R", "--data", "D"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(ENGINE_COMMANDS))
+@pytest.mark.parametrize(("given", "value"), [("--enforce-eager", True), ("--eager", True), ("--no-eager", False)])
+def test_enforce_eager_keeps_its_old_name_hidden(command: str, given: str, value: bool) -> None:
+    assert parsed_options(command.split(), [*ENGINE_COMMANDS[command], given])["enforce_eager"] is value
+    words = help_words(command.split())
+    assert "--enforce-eager" in words
+    assert "--eager" not in words.replace("--enforce-eager", "").replace("--no-enforce-eager", "")
+
+
+@pytest.mark.parametrize("command", ["encode", "score"])
+@pytest.mark.parametrize("given", [["--max-model-len", "300"], ["--max-length", "300"], ["--max-length=300"]])
+def test_max_model_len_keeps_its_old_name_hidden(command: str, given: list[str]) -> None:
+    assert parsed_options([command], ["--model", "M", "R.json", *given])["max_model_len"] == 300
+    words = help_words([command])
+    assert "--max-model-len" in words and "--max-length" not in words
+
+
+def test_the_old_max_length_name_still_cuts_the_state(tiny_dir: Path, tmp_path: Path) -> None:
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"state": "word " * 400, "questions": {"q": {"type": "noul"}}}))
+    outputs = []
+    for name in ("--max-length", "--max-model-len"):
+        result = CliRunner().invoke(app, ["encode", "--model", str(tiny_dir), name, "300", str(request)])
+        assert result.exit_code == 0, (result.output, result.exception)
+        outputs.append(json.loads(result.stdout))
+    assert outputs[0] == outputs[1]
+    assert outputs[0]["max_length"] == 300 and outputs[0]["num_tokens"] == 300
+
+
+def test_calibration_length_is_its_own_idea_in_help() -> None:
+    """--max-seq-len (how much of a calibration record the quantizer sees) is not the engine's --max-model-len."""
+    for command in (["quantize"], ["scan"], ["bench", "quantize"]):
+        assert "not the engine's --max-model-len" in help_words(command).replace("an engine's", "the engine's")

@@ -91,6 +91,23 @@ def test_build_data_writes_seven_tasks_and_calibration(data_dir: Path) -> None:
     assert not (data_dir.parent / "data.partial").exists()
 
 
+def test_build_data_measures_lengths_in_the_release_tokens(data_dir: Path, tiny_dir: Path, tmp_path: Path) -> None:
+    """--tokenizer: each task's lengths are the real, uncut encoding of its records."""
+    from clef_vllm.encoder import Encoder
+    from clef_vllm.request import parse_request
+
+    result = build(tmp_path / "tokens", "--tokenizer", str(tiny_dir))
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "tokens" / "summary.json").read_text())
+    assert summary["length_unit"] == "tokens"
+    encoder = Encoder(tiny_dir, max_length=10**9)
+    for name, entry in summary["tasks"].items():
+        records = lines(tmp_path / "tokens" / "eval" / f"{name}.jsonl")
+        counts = [encoder.encode(parse_request(r["request"])).num_tokens for r in records]
+        assert (entry["eval"]["lengths"]["min"], entry["eval"]["lengths"]["max"]) == (min(counts), max(counts))
+        assert entry["eval"]["lengths"]["unit"] == "tokens"
+
+
 def test_build_data_is_deterministic(data_dir: Path, tmp_path: Path) -> None:
     again = build(tmp_path / "again")
     assert again.exit_code == 0, again.output

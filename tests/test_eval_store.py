@@ -160,7 +160,7 @@ def test_eval_rescores_and_reports_what_does_not_verify(tiny_dir: Path, tmp_path
     candidate = shutil.copytree(tiny_dir, tmp_path / "repackaged")
     (candidate / "NOTICE").write_text("repackaged\n")
     args = ["eval", "--reference", str(tiny_dir), "--candidate", str(candidate)]
-    args += ["--data", str(data), "--out", str(results), "--max-model-len", "4096", "--eager"]
+    args += ["--data", str(data), "--out", str(results), "--max-model-len", "4096", "--enforce-eager"]
     first = cli(*args)
     assert first.exit_code == 0, first.output
     before = json.loads((results / "results.json").read_text())

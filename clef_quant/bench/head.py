@@ -35,6 +35,7 @@ from clef_quant.bench.head_workload import (
 from clef_quant.bench.timing import kernel_ms, timed_ms
 from clef_quant.formatting import utc_minute
 from clef_quant.head_loop import loop_logits
+from clef_quant.progress import Progress, Stages
 from clef_vllm.head import JointSchemaHead
 from clef_vllm.head_files import HeadConfig
 from clef_vllm.head_graphs import GraphedHead
@@ -57,12 +58,12 @@ def run_head_bench(
     config: HeadConfig = FLASH_HEAD,
     shapes: Sequence[BenchShape] = SHAPES,
     seed: int = 0,
-    on_step: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> HeadBenchResult:
     """Time `JointSchemaHead.forward`, `GraphedHead` and `loop_logits` on the same random head and records."""
     target = torch.device(device)
     torch_dtype = DTYPES[dtype]
-    notify = on_step or (lambda _message: None)
+    notify = Stages(progress)
     load = load_average()
     notify("building a random head")
     with torch.random.fork_rng(devices=[]):
@@ -143,6 +144,7 @@ def run_head_bench(
             lambda: one_call_each(lambda h, i, s: fast_head(h, i, s, embeddings)), target, repeats, warmup
         )
         step = StepRow(STEP_RECORDS, statistics.median(step_vectorized), statistics.median(step_fast))
+    notify.done()
     return HeadBenchResult(
         device=device,
         dtype=dtype,

@@ -27,6 +27,7 @@ import httpx
 from clef_quant.bench.environment import load_average
 from clef_quant.bench.processes import free_port, running, systemone_command
 from clef_quant.formatting import facts_table, utc_minute
+from clef_quant.progress import Progress, Stages
 
 HEADING = "Small requests behind long inputs"
 SMALL = {"state": "My card was charged twice for one order.", "questions": {"billing": {"type": "noul"}}}
@@ -169,12 +170,12 @@ def run_long_inputs_bench(
     *,
     max_model_len: int = 4096,
     clients: int = 4,
-    on_stage: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> LongInputsResult:
-    from transformers import AutoTokenizer
+    from clef_vllm.encoder import load_tokenizer
 
-    stage = on_stage or (lambda _: None)
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    stage = Stages(progress)
+    tokenizer = load_tokenizer(model)
     port = free_port()
     flags = ["--max-model-len", str(max_model_len), "--enforce-eager", "--max-num-batched-tokens", "65536"]
     load = load_average()
@@ -193,6 +194,7 @@ def run_long_inputs_bench(
             row = behind(url, name, encode_body(body), clients=clients)
             row.tokenizer_calls = tokenizer_calls(tokenizer, body, max_model_len)
             rows.append(row)
+    stage.done()
     return LongInputsResult(str(model), max_model_len, clients, idle, rows, load)
 
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import platform
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from clef_quant.bench.quantize_bench import quantize_into
 from clef_quant.formatting import utc_minute
+from clef_quant.progress import Progress, Stages
 from clef_quant.quantize.recipes import AUTO_SCHEME
 
 HYBRID = "nvfp4-hybrid"
@@ -64,13 +65,14 @@ def run_quality_bench(
     calibration_records: int,
     max_seq_len: int,
     max_model_len: int,
-    on_stage: Callable[[str], None] = lambda _message: None,
+    progress: Progress | None = None,
 ) -> QualityBench:
     import torch
 
     from clef_quant.bench.environment import machine_name
     from clef_quant.release_folder.versions import tool_versions
 
+    stage = Stages(progress)
     work.mkdir(parents=True, exist_ok=True)
     order = [s for s in schemes if s != AUTO_SCHEME]
     if AUTO_SCHEME in schemes:
@@ -79,7 +81,7 @@ def run_quality_bench(
         order.append(AUTO_SCHEME)
     rows: list[SchemeRow] = []
     for scheme in order:
-        on_stage(f"quantizing {scheme}")
+        stage(f"quantizing {scheme}")
         out = work / f"{source.name}-{scheme}"
         extra: dict[str, Any] = {}
         if scheme == AUTO_SCHEME:
@@ -106,10 +108,11 @@ def run_quality_bench(
     records = questions = 0
     notes: list[str] = []
     if data is not None:
-        on_stage("evaluating every folder through the plugin")
+        stage("evaluating every folder through the plugin")
         runnable = [row for row in rows if torch.cuda.is_available() or row.scheme not in CUDA_ONLY]
         notes = [f"`{row.scheme}` not evaluated: {CUDA_ONLY[row.scheme]}" for row in rows if row not in runnable]
         noise, records, questions = _evaluate(source, runnable, data, work / "eval", max_model_len)
+    stage.done()
     return QualityBench(
         source=source,
         rows=rows,

@@ -29,12 +29,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clef_quant.formatting import binary_size, decimal_size, utc_timestamp
+from clef_quant.progress import Progress, Stages
 from clef_quant.quantize.measure import peak_gpu_bytes, peak_host_bytes
 from clef_quant.quantize.release_files import backbone_bytes
 from clef_quant.release_folder.versions import tool_versions
@@ -65,11 +66,12 @@ def run_plain(source: Path, out: Path, scheme: str, records: int, max_seq_len: i
     from clef_quant.quantize.calibration import as_dataloader, build_calibration
     from clef_quant.quantize.plan import parse_recipe, recipe_needs_calibration
     from clef_quant.quantize.recipes import load_recipe
+    from clef_vllm.encoder import load_tokenizer
 
     seconds: dict[str, float] = {"imports": time.perf_counter() - started}
     config = json.loads((source / "config.json").read_text())
     recipe = load_recipe(scheme, None, config)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+    tokenizer = load_tokenizer(source)
     kwargs: dict[str, Any] = {}
     if recipe_needs_calibration(parse_recipe(recipe.text)):
         kwargs = {
@@ -212,9 +214,10 @@ def compare(
     records: int,
     max_seq_len: int,
     device: str,
-    on_stage: Callable[[str], None] = lambda _message: None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Both sides of every scheme, each in its own process (outputs under `work`, removed after measuring)."""
+    stage = Stages(progress)
     work.mkdir(parents=True, exist_ok=True)
     bf16_bytes = backbone_bytes(source)
     results: dict[str, Any] = {
@@ -234,7 +237,7 @@ def compare(
         ignore = model_free_inputs(source, scheme, view)
         measured = {}
         for side in SIDES if ignore is None else STREAMING_SIDES:
-            on_stage(f"{scheme}: {SIDE_NAMES[side]}")
+            stage(f"{scheme}: {SIDE_NAMES[side]}")
             job = SideJob(
                 side,
                 str(source),
@@ -264,6 +267,7 @@ def compare(
                 streaming_ratio <= GOAL_STREAMING_RATIO
             )
         results["schemes"][scheme] = entry
+    stage.done()
     return results
 
 

@@ -20,7 +20,6 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 from clef_quant.bench.processes import free_port, running, systemone_command
 from clef_quant.bench.workload import varied_requests
 from clef_quant.formatting import facts_table, utc_minute
+from clef_quant.progress import Progress, Stages
 from clef_vllm.engine import apply_cpu_defaults
 
 
@@ -146,19 +146,17 @@ def run_serve_bench(
     max_num_batched_tokens: int = 8192,
     device: str = "cpu",
     compress_above: int | None = 1024,
-    on_stage: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> ServeBenchResult:
     """Score the same `records` requests offline, through the server, and with the reference.
 
     Server clients send bodies larger than `compress_above` bytes zstd-compressed (None: never)."""
-    from transformers import AutoTokenizer
-
-    from clef_vllm.encoding import encode_request
+    from clef_vllm.encoder import Encoder
     from clef_vllm.request import parse_request
 
     bodies = varied_requests(records, seed=11)
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    tokens = sum(encode_request(parse_request(b), tokenizer, max_length=max_model_len).num_tokens for b in bodies)
+    encoder = Encoder(model, max_length=max_model_len)
+    tokens = sum(encoder.encode(parse_request(b)).num_tokens for b in bodies)
     result = ServeBenchResult(
         model=str(model), records=records, tokens=tokens, clients=clients, compress_above=compress_above
     )
@@ -177,7 +175,7 @@ def run_serve_bench(
         f"batched: vLLM's default max_num_seqs, max_num_batched_tokens={max_num_batched_tokens}; "
         "invariant (the default): one whole prompt per engine step"
     )
-    stage = on_stage or (lambda _: None)
+    stage = Stages(progress)
     stage("offline engine")
     result.offline_records_s = _offline(model, bodies, engine_kwargs)
     stage(f"clef-systemone, {clients} clients")
@@ -189,6 +187,7 @@ def run_serve_bench(
     result.server_errors += batched_errors
     stage("transformers reference")
     result.reference_records_s = _reference(model, bodies, "bfloat16", device)
+    stage.done()
     return result
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import gc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,11 @@ from clef_quant.evaluation.engines import FreshEngines
 from clef_quant.evaluation.scoring import score_plugin, score_reference
 from clef_quant.evaluation.store import tool_versions
 from clef_quant.formatting import utc_minute
+from clef_quant.progress import Progress, Stages
 from clef_quant.release_folder.fingerprints import folder_fingerprint
 from clef_quant.throughput_report import ThroughputResult, ThroughputRow
-from clef_vllm.encoding import Encoding, encode_request
+from clef_vllm.encoder import Encoder
+from clef_vllm.encoding import Encoding
 from clef_vllm.errors import ClefError
 from clef_vllm.request import ClefRequest, parse_request
 
@@ -67,14 +69,14 @@ def run_throughput(
     max_model_len: int = 4096,
     device: str = "cpu",
     engine_kwargs: dict[str, Any] | None = None,
-    on_stage: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
     image_requests: Sequence[ClefRequest] = (),
 ) -> ThroughputResult:
     """Time the reference and every `(name, folder)` of `plugin` on the same requests; `image_requests` (one
     image each) get their own row per side, timed the same way."""
     from clef_quant.reference import ReferenceScorer
 
-    stage = on_stage or (lambda _message: None)
+    stage = Stages(progress)
     load = load_average()
     engine_kwargs = dict(engine_kwargs or {})
     rows = []
@@ -104,14 +106,9 @@ def run_throughput(
     engines = FreshEngines(max_model_len=max_model_len, **engine_kwargs)
     for name, folder in plugin:
         stage(f"plugin {name}: starting the engine")
-        from transformers import AutoProcessor, AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        encodings = [encode_request(r, tokenizer, max_length=max_model_len) for r in requests]
-        processor = AutoProcessor.from_pretrained(folder) if image_requests else None
-        with_images = [
-            encode_request(r, tokenizer, processor=processor, max_length=max_model_len) for r in image_requests
-        ]
+        encoder = Encoder(folder, max_length=max_model_len)
+        encodings = [encoder.encode(r) for r in requests]
+        with_images = [encoder.encode(r) for r in image_requests]
         began = time.perf_counter()
         with engines.open(folder) as engine:
             started = time.perf_counter() - began
@@ -128,6 +125,7 @@ def run_throughput(
             rows.append(_row(f"{name}, 1 image", "vLLM plugin", folder, with_images, image_timed, started))
         gc.collect()
 
+    stage.done()
     return ThroughputResult(
         machine=machine_name(torch.device(device)),
         date=utc_minute(),

@@ -6,6 +6,7 @@ import typer
 
 from clef_quant.cli import bench, encode, evaluate, quantize, release, scan, score, tiny
 from clef_quant.cli._errors import OneLineUsageErrors
+from clef_quant.cli._options import renamed_option
 
 app = typer.Typer(
     name="clef-quant",
@@ -14,6 +15,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"token_normalize_func": renamed_option},  # every subcommand's context inherits it
 )
 app.command("encode")(encode.encode)
 app.command("score")(score.score)

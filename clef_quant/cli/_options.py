@@ -96,6 +96,33 @@ RevisionOption = Annotated[
 RequestArgument = Annotated[
     str, typer.Argument(help="SystemOne request body as a JSON file, or - for standard input.", metavar="REQUEST.json")
 ]
-MaxLengthOption = Annotated[
-    int, typer.Option("--max-length", min=1, help="Maximum prompt length in tokens; the state is cut to fit.")
+MaxModelLenOption = Annotated[
+    int, typer.Option("--max-model-len", min=1, help="Maximum prompt length in tokens; the state is cut to fit.")
 ]
+EnforceEagerOption = Annotated[
+    bool,
+    typer.Option(
+        "--enforce-eager/--no-enforce-eager", help="Run vLLM without graph compilation (starts much faster on a CPU)."
+    ),
+]
+# The calibration length (llm-compressor's max_seq_length) is a separate idea from the engine's --max-model-len:
+# how much of each calibration record the quantizer sees, not what the release accepts; it keeps its own name.
+MAX_SEQ_LEN_HELP = "Calibration length in tokens (not the engine's --max-model-len); the state is cut to fit."
+
+# Option names that were renamed to the ones vLLM users know. The old ones are still read on every command,
+# matched before parsing, so they need no option of their own and never show in --help.
+RENAMED_OPTIONS = {
+    "eager": "enforce-eager",
+    "no-eager": "no-enforce-eager",
+    "max-length": "max-model-len",
+}
+
+
+def renamed_option(name: str) -> str:
+    """The current name of an option given without its dashes (click's `token_normalize_func`)."""
+    return RENAMED_OPTIONS.get(name, name)
+
+
+def eager_engine_kwargs(enforce_eager: bool) -> dict[str, Any]:
+    """The engine settings --enforce-eager adds; none without it, so a run's recorded settings stay as before."""
+    return {"enforce_eager": True} if enforce_eager else {}

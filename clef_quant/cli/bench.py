@@ -11,9 +11,17 @@ import typer
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
-from clef_quant.cli._options import QUANTIZE_SCHEMES, choice_option, device_option, dtype_option
+from clef_quant.cli._options import (
+    MAX_SEQ_LEN_HELP,
+    QUANTIZE_SCHEMES,
+    EnforceEagerOption,
+    choice_option,
+    device_option,
+    dtype_option,
+    eager_engine_kwargs,
+)
 from clef_quant.cli._output import results_console
-from clef_quant.cli._progress import LLM_COMPRESSOR_QUIET, VLLM_QUIET, quiet_tools, stages
+from clef_quant.cli._stderr import LLM_COMPRESSOR_QUIET, VLLM_QUIET, quiet_tools, stage_line
 from clef_quant.formatting import binary_size
 from clef_quant.quantize.recipes import AUTO_SCHEME, SCHEMES
 
@@ -80,8 +88,8 @@ def head(
     from clef_quant.bench.head_report import bench_command, render_markdown
 
     out = out or Path(f"bench/results/head-{_report_name(device)}.md")
-    with stages("benchmarking the head") as show:
-        result = run_head_bench(device=device, dtype=dtype, repeats=repeats, warmup=warmup, on_step=show)
+    with stage_line("benchmarking the head") as progress:
+        result = run_head_bench(device=device, dtype=dtype, repeats=repeats, warmup=warmup, progress=progress)
     _write_report(out, render_markdown(result, bench_command(device, dtype, repeats, warmup, out, ctx.command_path)))
 
     table = Table(title=f"joint schema head, {result.machine}, {result.dtype}")
@@ -119,7 +127,7 @@ def serve(
     clients: Annotated[
         int | None, typer.Option(min=1, help="Concurrent HTTP clients.", show_default="32; 4 with --long-inputs")
     ] = None,
-    max_model_len: Annotated[int, typer.Option(min=256)] = 4096,
+    max_model_len: Annotated[int, typer.Option(min=256, help="Maximum prompt length in tokens of every side.")] = 4096,
     max_num_batched_tokens: Annotated[
         int, typer.Option(min=256, help="Tokens per engine step of the batched (--no-batch-invariant) runs.")
     ] = 8192,
@@ -155,7 +163,7 @@ def serve(
         _long_inputs(model, max_model_len, clients or 4, out, report)
         return
     clients = clients or 32
-    with stages("benchmarking") as show:
+    with stage_line("benchmarking") as progress:
         result = run_serve_bench(
             model,
             records=records,
@@ -163,7 +171,7 @@ def serve(
             max_model_len=max_model_len,
             max_num_batched_tokens=max_num_batched_tokens,
             compress_above=None if compress_above < 0 else compress_above,
-            on_stage=show,
+            progress=progress,
         )
     markdown = render_markdown(result, _command_line(), machine_name(torch.device("cpu")))
     _write_report(out, join_section(markdown, section), result_json(result))
@@ -179,8 +187,8 @@ def _long_inputs(model: Path, max_model_len: int, clients: int, out: Path, repor
     from clef_quant.bench.environment import machine_name
     from clef_quant.bench.long_inputs import join_section, render_section, run_long_inputs_bench
 
-    with stages("benchmarking") as show:
-        result = run_long_inputs_bench(model, max_model_len=max_model_len, clients=clients, on_stage=show)
+    with stage_line("benchmarking") as progress:
+        result = run_long_inputs_bench(model, max_model_len=max_model_len, clients=clients, progress=progress)
     section = render_section(result, _command_line(), machine_name(torch.device("cpu")))
     _write_report(out, join_section(report, section) if report.strip() else section)
     worst = max(row.worst for row in result.rows)
@@ -205,7 +213,7 @@ def throughput(
     device: Annotated[
         str, device_option("Where the reference runs: cpu, cuda or cuda:N (the plugin runs where vLLM runs).")
     ] = "cpu",
-    eager: Annotated[bool, typer.Option(help="Run vLLM without graph compilation.")] = False,
+    enforce_eager: EnforceEagerOption = False,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -217,7 +225,7 @@ def throughput(
     """Records/s and tokens/s of the transformers reference and of the plugin (bf16, FP8, NVFP4) on the same records.
 
     Example: clef-quant bench throughput --reference artifacts/tiny --fp8 artifacts/tiny-FP8_DYNAMIC \\
-        --nvfp4 artifacts/tiny-NVFP4 --data data/eval --records 28 --eager
+        --nvfp4 artifacts/tiny-NVFP4 --data data/eval --records 28 --enforce-eager
     """
     from clef_quant.bench.throughput import load_requests, run_throughput
     from clef_quant.bench.workload import image_requests
@@ -233,7 +241,7 @@ def throughput(
 
     quiet_tools(False, VLLM_QUIET)
     requests = load_requests(data, records)
-    with stages("benchmarking") as show:
+    with stage_line("benchmarking") as progress:
         result = run_throughput(
             reference,
             [(f"plugin {name}", folder) for name, folder in folders if folder is not None],
@@ -242,8 +250,8 @@ def throughput(
             batch_size=batch_size,
             max_model_len=max_model_len,
             device=device,
-            engine_kwargs={"enforce_eager": True} if eager else {},
-            on_stage=show,
+            engine_kwargs=eager_engine_kwargs(enforce_eager),
+            progress=progress,
             image_requests=[parse_request(body) for body in image_requests(image_records, seed=0)],
         )
     out = out or Path(f"bench/results/throughput-{_report_name(device)}.md")
@@ -295,7 +303,7 @@ def quantize(
         Path | None, typer.Option(help="scan.json of this model: adds `auto` at the size of nvfp4-hybrid.")
     ] = None,
     calibration_records: Annotated[int, typer.Option(min=1, help="Calibration records for every scheme.")] = 16,
-    max_seq_len: Annotated[int, typer.Option(min=16, help="Calibration length in tokens.")] = 2048,
+    max_seq_len: Annotated[int, typer.Option(min=16, help=MAX_SEQ_LEN_HELP)] = 2048,
     max_model_len: Annotated[
         int | None, typer.Option(min=256, help="Prompt length limit for evaluation.", show_default="4096")
     ] = None,
@@ -346,7 +354,7 @@ def quantize(
         raise fail("auto needs --scan", hint=f"clef-quant scan {model} --out SCAN_DIR")
     out = out or Path("bench/results/quality-cpu.md")
     quiet_tools(False, LLM_COMPRESSOR_QUIET, VLLM_QUIET)
-    with stages("benchmarking") as show:
+    with stage_line("benchmarking") as progress:
         result = run_quality_bench(
             model,
             schemes,
@@ -356,7 +364,7 @@ def quantize(
             calibration_records=calibration_records,
             max_seq_len=max_seq_len,
             max_model_len=max_model_len or 4096,
-            on_stage=show,
+            progress=progress,
         )
     _write_report(
         out, render_markdown(result, _command_line()), json.dumps(asdict(result), indent=2, default=str) + "\n"
@@ -393,7 +401,7 @@ def _against_plain(
     from clef_quant.bench.quantize_bench import DEFAULT_SCHEMES, SideFailed, compare, render_markdown
 
     out = out or Path(f"bench/results/quantize-{_report_name(device)}.json")
-    with stages("benchmarking") as show:
+    with stage_line("benchmarking") as progress:
         try:
             results = compare(
                 model,
@@ -402,7 +410,7 @@ def _against_plain(
                 records=records,
                 max_seq_len=max_seq_len,
                 device=device,
-                on_stage=show,
+                progress=progress,
             )
         except SideFailed as exc:
             typer.echo(str(exc), err=True)

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from clef_quant.cli._errors import read_json_file, user_errors
-from clef_quant.cli._options import MaxLengthOption, ModelOption, RequestArgument, RevisionOption
+from clef_quant.cli._options import MaxModelLenOption, ModelOption, RequestArgument, RevisionOption
 from clef_quant.release import resolve_release
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
 from clef_vllm.request import parse_request
@@ -20,22 +20,18 @@ def encode(
     request_file: RequestArgument,
     model: ModelOption,
     revision: RevisionOption = None,
-    max_length: MaxLengthOption = DEFAULT_MAX_LENGTH,
+    max_model_len: MaxModelLenOption = DEFAULT_MAX_LENGTH,
 ) -> None:
     """Print a request's encoding as JSON: token count, input ids, question and option spans with their text.
 
     Example: clef-quant encode --model artifacts/tiny examples/request.json
     """
-    from transformers import AutoProcessor, AutoTokenizer
-
-    from clef_vllm.encoding import encode_request
+    from clef_vllm.encoder import Encoder
 
     request = parse_request(read_json_file(request_file))
-    folder = resolve_release(model, revision)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    processor = AutoProcessor.from_pretrained(folder) if request.has_media else None
-    encoding = encode_request(request, tokenizer, processor=processor, max_length=max_length)
-    typer.echo(json.dumps(describe(encoding, tokenizer.decode), ensure_ascii=False, indent=2))
+    encoder = Encoder(resolve_release(model, revision), max_length=max_model_len)
+    encoding = encoder.encode(request)
+    typer.echo(json.dumps(describe(encoding, encoder.tokenizer.decode), ensure_ascii=False, indent=2))
 
 
 def describe(encoding: Encoding, decode: Any) -> dict[str, Any]:

@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
-from clef_quant.cli._options import device_option
+from clef_quant.cli._options import EnforceEagerOption, device_option, eager_engine_kwargs
 from clef_quant.cli._output import results_console
-from clef_quant.cli._progress import TRANSFORMERS_QUIET, VLLM_QUIET, RichProgress, quiet_tools, stages
+from clef_quant.cli._stderr import TRANSFORMERS_QUIET, VLLM_QUIET, RichProgress, quiet_tools, stage_line
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH
 
 
@@ -76,8 +76,8 @@ def build_data(
         tokenizer=tokenizer,
         overwrite=overwrite,
     )
-    with stages("loading tasks") as show:
-        result = run_build(config, tasks, on_task=lambda name, stage: show(f"{name}: {stage}"))
+    with stage_line("loading tasks") as progress:
+        result = run_build(config, tasks, progress)
 
     table = Table(title=f"wrote {result.out}", title_justify="left")
     for column in ("task", "dataset", "eval split", "eval records", "calibration split", "calibration records"):
@@ -121,9 +121,7 @@ def evaluate(
     ] = DEFAULT_MAX_LENGTH,
     batch_size: Annotated[int, typer.Option(min=1, help="Records per transformers forward pass (reference).")] = 8,
     device: Annotated[str, device_option("Where the reference runs: cpu, cuda or cuda:N.")] = "cpu",
-    eager: Annotated[
-        bool, typer.Option(help="Run vLLM without graph compilation (starts much faster on a CPU).")
-    ] = False,
+    enforce_eager: EnforceEagerOption = False,
     batch_invariant: Annotated[
         bool,
         typer.Option(
@@ -143,7 +141,7 @@ def evaluate(
 
     Examples:
       clef-quant eval --reference artifacts/tiny --candidate artifacts/tiny-FP8_DYNAMIC \\
-          --candidate artifacts/tiny-NVFP4 --data data/eval --out results/tiny --max-model-len 4096 --eager
+          --candidate artifacts/tiny-NVFP4 --data data/eval --out results/tiny --max-model-len 4096 --enforce-eager
       clef-quant eval --reference flash --candidate flash-NVFP4 --data data/flash --out results/flash --device cuda
     """
     _quiet(verbose)
@@ -153,7 +151,7 @@ def evaluate(
     from clef_quant.evaluation.report import write_results
     from clef_quant.evaluation.runner import run_eval
 
-    engine_kwargs: dict[str, Any] = {"enforce_eager": True} if eager else {}
+    engine_kwargs = eager_engine_kwargs(enforce_eager)
     config = EvalConfig(
         reference=reference,
         candidates=candidate,

@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, read_json_file, user_errors
-from clef_quant.cli._options import QUANTIZE_SCHEMES, RevisionOption, choice_option, device_option
+from clef_quant.cli._options import MAX_SEQ_LEN_HELP, QUANTIZE_SCHEMES, RevisionOption, choice_option, device_option
 from clef_quant.cli._output import results_console
-from clef_quant.cli._progress import quantization_bars
+from clef_quant.cli._stderr import quantization_bars
 from clef_quant.formatting import binary_size
 from clef_quant.quantize.recipes import AUTO_SCHEME
 
@@ -41,7 +41,7 @@ def quantize(
         int | None,
         typer.Option(help="Records to draw (default 512; from --calibration, else the shipped default file)."),
     ] = None,
-    max_seq_len: Annotated[int, typer.Option(help="Calibration length in tokens; the state is cut to fit.")] = 2048,
+    max_seq_len: Annotated[int, typer.Option(help=MAX_SEQ_LEN_HELP)] = 2048,
     device: Annotated[str, device_option("Where to calibrate: cpu, cuda or cuda:N.")] = "cpu",
     overwrite: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
     include: Annotated[

@@ -11,7 +11,7 @@ from rich.table import Table
 from clef_quant.cli._errors import user_errors
 from clef_quant.cli._options import RevisionOption, choice_option, device_option
 from clef_quant.cli._output import results_console
-from clef_quant.cli._progress import quantization_bars
+from clef_quant.cli._stderr import quantization_bars
 from clef_quant.quantize.scan import (
     DEFAULT_CALIBRATION_RECORDS,
     DEFAULT_HELDOUT,
@@ -44,7 +44,10 @@ def scan(
     heldout: Annotated[
         int, typer.Option(help="The file's last N text requests: scored, never calibrated on.")
     ] = DEFAULT_HELDOUT,
-    max_seq_len: Annotated[int, typer.Option(help="Length in tokens for both; the state is cut to fit.")] = 2048,
+    max_seq_len: Annotated[
+        int,
+        typer.Option(help="Length in tokens of calibration and held-out records (not an engine's --max-model-len)."),
+    ] = 2048,
     device: Annotated[str, device_option("cpu, or cuda / cuda:N (one GPU) for clef-flash.")] = "cpu",
     overwrite: Annotated[bool, typer.Option(help="Start over instead of resuming OUT/scan.json.")] = False,
     revision: RevisionOption = None,

@@ -10,7 +10,7 @@ import typer
 from clef_quant.cli._errors import read_json_file, user_errors
 from clef_quant.cli._options import (
     DeviceOption,
-    MaxLengthOption,
+    MaxModelLenOption,
     ModelOption,
     RequestArgument,
     RevisionOption,
@@ -28,7 +28,7 @@ def score(
     revision: RevisionOption = None,
     dtype: Annotated[str, dtype_option("Weights and activations (releases run bfloat16).")] = "bfloat16",
     device: DeviceOption = "cpu",
-    max_length: MaxLengthOption = DEFAULT_MAX_LENGTH,
+    max_model_len: MaxModelLenOption = DEFAULT_MAX_LENGTH,
 ) -> None:
     """Print the SystemOne response body for a request, scored by transformers + the joint schema head.
 
@@ -38,6 +38,6 @@ def score(
 
     request = parse_request(read_json_file(request_file))
     folder = resolve_release(model, revision)
-    scorer = ReferenceScorer(folder, dtype=DTYPES[dtype], device=device, max_length=max_length)
+    scorer = ReferenceScorer(folder, dtype=DTYPES[dtype], device=device, max_length=max_model_len)
     (record,) = scorer.score([request])
     typer.echo(json.dumps(record.response, ensure_ascii=False, indent=2))

@@ -11,8 +11,6 @@ from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import SizeOption, device_option
 from clef_quant.formatting import count, decimal_size
 
-_STAGE_LABELS = {"tokenizer": "tokenizer + processor", "head": "joint schema head"}
-
 
 @user_errors
 def make_tiny(
@@ -38,19 +36,12 @@ def make_tiny(
     if out_dir.exists() and not overwrite:
         raise fail(f"{out_dir} already exists", hint=f"clef-quant make-tiny {out_dir} --overwrite")
 
-    from clef_quant.cli._progress import RichProgress
+    from clef_quant.cli._stderr import RichProgress
     from clef_quant.tiny import make_tiny as build
     from clef_quant.tiny import parameter_count
     from clef_quant.tiny.build import folder_bytes
 
-    labels = _STAGE_LABELS | {"weights": f"backbone ({device})"}
-    with RichProgress(transient=True) as bars:
-
-        def progress(stage: str, done: int, total: int) -> None:
-            # Only the weights count bytes; the other stages are one step each.
-            amount = f"{decimal_size(done)} / {decimal_size(total)}" if stage == "weights" else ""
-            bars.update(labels.get(stage, stage), done, total, amount)
-
+    with RichProgress(transient=True) as progress:
         folder = build(out_dir, size=size, seed=seed, device=device, overwrite=overwrite, progress=progress)
 
     typer.echo(

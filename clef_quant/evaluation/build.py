@@ -7,7 +7,7 @@ is never half written, and Ctrl-C or SIGTERM leaves neither folder.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -20,10 +20,12 @@ from clef_quant.evaluation.sampling import Record, calibration_quotas, sample_ta
 from clef_quant.evaluation.sources import FIXTURES, HUB, check_local_source
 from clef_quant.evaluation.tasks import Task
 from clef_quant.formatting import utc_minute
+from clef_quant.progress import NoProgress, Progress
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_quant.release_folder.outputs import check_output
 from clef_quant.release_folder.staged import staged_folder
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Tokenizer, encode_request, render
+from clef_vllm.encoder import Encoder
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH, render
 from clef_vllm.request import parse_request
 
 DEFAULT_PER_TASK = 200
@@ -47,26 +49,17 @@ class BuildResult:
     summary: dict[str, Any]
 
 
-def _processor_for_media(records: Sequence[Record], tokenizer: Any) -> Any:
-    """The processor of the tokenizer's folder, only when some record has images (it expands them)."""
-    if not any(r.request.get("images") or r.request.get("videos") for r in records):
-        return None
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(tokenizer.name_or_path)
+# Lengths are measured uncut: no record is long enough to reach this.
+UNCUT = 10**9
 
 
-def _lengths(records: Sequence[Record], tokenizer: Tokenizer | None) -> dict[str, Any]:
+def _lengths(records: Sequence[Record], encoder: Encoder | None) -> dict[str, Any]:
     """Prompt lengths in tokens (the real encoding, uncut) or, without a tokenizer, characters of state + questions."""
     if not records:
         return {}
-    if tokenizer is not None:
+    if encoder is not None:
         unit = "tokens"
-        processor = _processor_for_media(records, tokenizer)
-        values = [
-            encode_request(parse_request(r.request), tokenizer, processor=processor, max_length=10**9).num_tokens
-            for r in records
-        ]
+        values = [encoder.encode(parse_request(r.request)).num_tokens for r in records]
     else:
         unit = "characters (state + questions as JSON)"
         values = [len(render(r.request["state"])) + len(render(r.request["questions"])) for r in records]
@@ -83,7 +76,7 @@ def _lengths(records: Sequence[Record], tokenizer: Tokenizer | None) -> dict[str
         "p95": int(p95),
         "max": int(lengths.max()),
     }
-    if tokenizer is not None:
+    if encoder is not None:
         result["over_default_max_length"] = sum(v > DEFAULT_MAX_LENGTH for v in values)
     return result
 
@@ -97,13 +90,13 @@ def _write_jsonl(path: Path, lines: Sequence[dict[str, Any]]) -> None:
 def build_data(
     config: BuildConfig,
     tasks: Sequence[Task],
-    on_task: Callable[[str, str], None] | None = None,
+    progress: Progress | None = None,
 ) -> BuildResult:
-    """Sample every task, write DATA.partial and rename it to DATA. `on_task(task, stage)` reports progress."""
+    """Sample every task, write DATA.partial and rename it to DATA. Each task's sampling is a `progress` task."""
     if config.source == FIXTURES:
         # datasets opens the Parquet files itself, so it needs them as real files.
         with resources.as_file(shipped.fixtures()) as folder:
-            return build_data(replace(config, source=str(folder)), tasks, on_task)
+            return build_data(replace(config, source=str(folder)), tasks, progress)
     if config.per_task < 1:
         raise DataError("--per-task must be at least 1")
     if config.calibration < 0:
@@ -112,18 +105,14 @@ def build_data(
     check_output(out, "build-data", config.overwrite)
     if config.source != HUB:
         check_local_source(Path(config.source), tasks, calibration=config.calibration > 0)
-    tokenizer = None
-    if config.tokenizer is not None:
-        from transformers import AutoTokenizer
+    encoder = Encoder(config.tokenizer, max_length=UNCUT) if config.tokenizer is not None else None
 
-        tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
-
-    notify = on_task or (lambda _task, _stage: None)
+    progress = progress or NoProgress()
     quotas = calibration_quotas(tasks, config.calibration)
     exclude: set[str] = set()
     samples = []
     for task in tasks:
-        notify(task.name, "sampling")
+        progress.start(f"{task.name}: sampling")
         samples.append(
             sample_task(
                 task,
@@ -134,7 +123,7 @@ def build_data(
                 exclude_states=exclude,
             )
         )
-        notify(task.name, "done")
+        progress.finish(f"{task.name}: sampling")
 
     summary_tasks = {}
     for sample in samples:
@@ -152,13 +141,13 @@ def build_data(
                 "rows": sample.eval_rows,
                 "records": len(sample.eval_records),
                 "questions": sum(len(r.request["questions"]) for r in sample.eval_records),
-                "lengths": _lengths(sample.eval_records, tokenizer),
+                "lengths": _lengths(sample.eval_records, encoder),
             },
             "calibration": {
                 "split": spec.calibration_split,
                 "rows": sample.calibration_rows,
                 "records": len(sample.calibration_records),
-                "lengths": _lengths(sample.calibration_records, tokenizer),
+                "lengths": _lengths(sample.calibration_records, encoder),
             },
             "skipped": sample.skipped,
         }
@@ -170,7 +159,7 @@ def build_data(
         "seed": config.seed,
         "per_task": config.per_task,
         "calibration_requested": config.calibration,
-        "length_unit": "tokens" if tokenizer is not None else "characters",
+        "length_unit": "tokens" if encoder is not None else "characters",
         "tokenizer": str(config.tokenizer) if config.tokenizer else None,
         "counts": {
             "tasks": len(samples),

@@ -31,7 +31,8 @@ from clef_quant.evaluation.scoring import score_plugin, score_reference
 from clef_quant.evaluation.sides import Side, encode_all, plan_sides
 from clef_quant.evaluation.store import ProbabilityStore, StoredRecord
 from clef_quant.progress import NoProgress, Progress
-from clef_vllm.encoding import Encoding, encode_request
+from clef_vllm.encoder import Encoder
+from clef_vllm.encoding import Encoding
 from clef_vllm.errors import CheckpointError
 
 
@@ -57,7 +58,7 @@ def _score_side(
     side: Side,
     records: Sequence[EvalRecord],
     store: ProbabilityStore,
-    score: Callable[[list[Encoding], Callable[[int], None]], list[tuple[list[list[float]], float]]],
+    score: Callable[[list[Encoding], Progress, str], list[tuple[list[list[float]], float]]],
     progress: Progress,
 ) -> None:
     """Score one side's missing records task by task; reused records complete their bar at once."""
@@ -68,7 +69,7 @@ def _score_side(
         side.reused += len(indices) - len(missing)
         progress.advance(bar, len(indices) - len(missing))
         if missing:
-            scored = score([side.encodings[i] for i in missing], lambda n, bar=bar: progress.advance(bar, n))
+            scored = score([side.encodings[i] for i in missing], progress, bar)
             store.add(
                 [
                     StoredRecord(side.keys[i], records[i].id, task, side.encodings[i].num_tokens, seconds, probs)
@@ -108,22 +109,11 @@ def run_eval(
         sides[0].folder, dtype=torch.bfloat16, device=config.device, max_length=config.max_model_len
     )  # loads the tokenizer now, the model on first use
     encode_all(sides[0], data.records, scorer.encode)
-    from transformers import AutoProcessor, AutoTokenizer
-
-    tokenizers: dict[Path, Any] = {}
-    with_media = any(record.request.has_media for record in data.records)
+    encoders: dict[Path, Encoder] = {}
     for side in sides[1:]:
-        if side.folder not in tokenizers:
-            processor = AutoProcessor.from_pretrained(side.folder) if with_media else None
-            tokenizers[side.folder] = (AutoTokenizer.from_pretrained(side.folder), processor)
-        tokenizer, processor = tokenizers[side.folder]
-        encode_all(
-            side,
-            data.records,
-            lambda request, t=tokenizer, p=processor: encode_request(
-                request, t, processor=p, max_length=config.max_model_len
-            ),
-        )
+        if side.folder not in encoders:
+            encoders[side.folder] = Encoder(side.folder, max_length=config.max_model_len)
+        encode_all(side, data.records, encoders[side.folder].encode)
 
     probs_dir = Path(config.out) / PROBS_DIR
     stores = {side.key: ProbabilityStore(probs_dir / f"{side.key}.jsonl", side.producer()) for side in sides}
@@ -144,18 +134,18 @@ def run_eval(
 
 
 def _reference_scoring(scorer: Any, batch_size: int) -> Callable[..., list[tuple[list[list[float]], float]]]:
-    def score(encodings: list[Encoding], advance: Callable[[int], None]) -> list[tuple[list[list[float]], float]]:
-        return score_reference(scorer, encodings, batch_size, advance)
+    def score(encodings: list[Encoding], progress: Progress, bar: str) -> list[tuple[list[list[float]], float]]:
+        return score_reference(scorer, encodings, batch_size, progress, bar)
 
     return score
 
 
 def _plugin_scoring(engine: Any) -> Callable[..., list[tuple[list[list[float]], float]]]:
-    def score(encodings: list[Encoding], advance: Callable[[int], None]) -> list[tuple[list[list[float]], float]]:
-        return score_plugin(engine, encodings, on_chunk=advance)
+    def score(encodings: list[Encoding], progress: Progress, bar: str) -> list[tuple[list[list[float]], float]]:
+        return score_plugin(engine, encodings, progress=progress, task=bar)
 
     return score
 
 
-def _never(encodings: list[Encoding], advance: Callable[[int], None]) -> list[tuple[list[list[float]], float]]:
+def _never(encodings: list[Encoding], progress: Progress, bar: str) -> list[tuple[list[list[float]], float]]:
     raise AssertionError("nothing should be scored here")

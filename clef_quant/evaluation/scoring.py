@@ -6,11 +6,12 @@ Shared by `clef-quant eval` and `clef-quant bench throughput`, so both time the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from clef_quant.progress import NoProgress, Progress
 from clef_vllm.answers import split_logits
 from clef_vllm.encoding import Encoding
 
@@ -25,9 +26,12 @@ def probabilities(encoding: Encoding, logits: torch.Tensor) -> list[list[float]]
 
 
 def score_reference(
-    scorer: Any, encodings: Sequence[Encoding], batch_size: int, on_batch: Callable[[int], None] | None = None
+    scorer: Any, encodings: Sequence[Encoding], batch_size: int, progress: Progress | None = None, task: str = ""
 ) -> list[tuple[list[list[float]], float]]:
-    """Probabilities and seconds of each record through transformers; a batch's time is shared by its records."""
+    """Probabilities and seconds of each record through transformers; a batch's time is shared by its records.
+
+    `progress` is told each batch's records as `task`."""
+    progress = progress or NoProgress()
     out: list[tuple[list[list[float]], float]] = []
     for start in range(0, len(encodings), batch_size):
         batch = list(encodings[start : start + batch_size])
@@ -35,15 +39,21 @@ def score_reference(
         logits = [x.float().cpu() for x in scorer.logits(batch)]  # .cpu() waits for the device
         seconds = (time.perf_counter() - began) / len(batch)
         out.extend((probabilities(e, x), seconds) for e, x in zip(batch, logits, strict=True))
-        if on_batch is not None:
-            on_batch(len(batch))
+        progress.advance(task, len(batch))
     return out
 
 
 def score_plugin(
-    engine: Any, encodings: Sequence[Encoding], chunk: int = PLUGIN_CHUNK, on_chunk: Callable[[int], None] | None = None
+    engine: Any,
+    encodings: Sequence[Encoding],
+    chunk: int = PLUGIN_CHUNK,
+    progress: Progress | None = None,
+    task: str = "",
 ) -> list[tuple[list[list[float]], float]]:
-    """Probabilities and seconds of each record through the vLLM plugin; a call's time is shared by its records."""
+    """Probabilities and seconds of each record through the vLLM plugin; a call's time is shared by its records.
+
+    `progress` is told each call's records as `task`."""
+    progress = progress or NoProgress()
     out: list[tuple[list[list[float]], float]] = []
     for start in range(0, len(encodings), chunk):
         part = list(encodings[start : start + chunk])
@@ -51,6 +61,5 @@ def score_plugin(
         logits = engine.logits(part)
         seconds = (time.perf_counter() - began) / len(part)
         out.extend((probabilities(e, x), seconds) for e, x in zip(part, logits, strict=True))
-        if on_chunk is not None:
-            on_chunk(len(part))
+        progress.advance(task, len(part))
     return out

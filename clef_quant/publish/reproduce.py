@@ -121,7 +121,7 @@ def _evaluate(results: EvalResults, out: Path) -> str:
         words += ["--device", config["reference_device"]]
     engine = config.get("engine") or {}
     if str(engine.get("enforce_eager")) == "True":
-        words.append("--eager")
+        words.append("--enforce-eager")
     if str(engine.get("batch_invariant")) == "False":
         words.append("--no-batch-invariant")
     return _join(*words)

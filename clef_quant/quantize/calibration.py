@@ -24,7 +24,7 @@ from clef_quant.documents import parse_json_line
 from clef_quant.formatting import first_few
 from clef_quant.progress import NoProgress, Progress
 from clef_quant.quantize.errors import QuantizeError
-from clef_quant.quantize.progress import ENCODING
+from clef_quant.quantize.task_names import ENCODING
 from clef_vllm.encoding import Tokenizer, encode_request
 from clef_vllm.errors import RequestError, SchemaTooLongError, not_valid_json
 from clef_vllm.request import parse_request

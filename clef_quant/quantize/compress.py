@@ -11,16 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.progress import Progress
-from clef_quant.quantize import progress as tasks
+from clef_quant.quantize import task_names as tasks
 from clef_quant.quantize.cpu_compat import no_pinned_memory_without_accelerator, one_rank_is_not_distributed
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.fused_scales import fused_global_scales
-
-
-def load_tokenizer(source_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(source_dir)
 
 
 def backbone_class(source_config: dict[str, Any]) -> Any:

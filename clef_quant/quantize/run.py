@@ -33,9 +33,9 @@ from typing import Any
 
 from clef_quant.formatting import utc_timestamp
 from clef_quant.progress import NoProgress, Progress
-from clef_quant.quantize import progress as tasks
+from clef_quant.quantize import task_names as tasks
 from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN, CalibrationSummary, as_dataloader, build_calibration
-from clef_quant.quantize.compress import load_model, load_tokenizer, run_oneshot
+from clef_quant.quantize.compress import load_model, run_oneshot
 from clef_quant.quantize.contents import ReleaseContents, plan_contents
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inputs import check_inputs
@@ -53,6 +53,7 @@ from clef_quant.quantize.streaming import (
 from clef_quant.release_folder.manifest import build_manifest, folder_files, write_manifest
 from clef_quant.release_folder.staged import staged_folder
 from clef_quant.release_folder.writer import OWNER_FILE
+from clef_vllm.encoder import load_tokenizer
 
 # What `on_stage` is told, in order ("calibrating" only for schemes that calibrate; on the streaming path
 # "loaded" means the plan is made on the model's definition and "saved" that every shard is written).

@@ -205,17 +205,16 @@ def _run_units(
     progress: Progress,
 ) -> None:
     import torch
-    from transformers import AutoTokenizer
 
     from clef_quant.quantize.calibration import CalibrationSet, CalibrationSummary, as_dataloader
-    from clef_vllm.encoding import encode_request
+    from clef_vllm.encoder import Encoder
     from clef_vllm.head_files import find_head_dir, load_head
     from clef_vllm.request import parse_request
 
-    tokenizer = AutoTokenizer.from_pretrained(source_dir)
+    encoder = Encoder(source_dir, max_length=config.max_seq_len, media=False)
 
     def encode(bodies: list[dict]) -> list[Any]:
-        return [encode_request(parse_request(b), tokenizer, max_length=config.max_seq_len) for b in bodies]
+        return [encoder.encode(parse_request(b)) for b in bodies]
 
     calibration = encode(calibration_bodies)
     heldout = encode(heldout_bodies)
@@ -236,7 +235,7 @@ def _run_units(
         wanted = {name for layer, group in units for name in unit_modules(prefix, layer, group)}
         originals = {n: m.weight.detach().clone() for n, m in model.named_modules() if n in wanted}
         progress.start(f"{TASK_CALIBRATE} {scheme}")
-        _calibrate(model, source_config, scheme, as_dataloader(calibration_set), tokenizer)
+        _calibrate(model, source_config, scheme, as_dataloader(calibration_set), encoder.tokenizer)
         progress.finish(f"{TASK_CALIBRATE} {scheme}")
         modules = dict(model.named_modules())
         produced = {n: modules[n].weight.detach().clone() for n in originals}

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.progress import Progress
-from clef_quant.quantize import progress as tasks
+from clef_quant.quantize import task_names as tasks
 from clef_quant.quantize.compress import backbone_class
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.plan import QuantPlan, plan_quantization, recipe_needs_calibration

@@ -19,11 +19,11 @@ How it is built:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from clef_quant.progress import NoProgress, Progress
 from clef_quant.release_folder.staged import staged_folder
 from clef_quant.tiny.backbone_config import backbone_config, generation_config, meta_model, placeholder_ids
 from clef_quant.tiny.card import write_card
@@ -34,8 +34,9 @@ from clef_quant.tiny.sizes import SIZES
 from clef_quant.tiny.weights import write_backbone
 from clef_vllm.head import JointSchemaHead
 
-# progress(stage, done, total): stages "tokenizer", "weights" (counted in bytes) and "head", in that order.
-ProgressCallback = Callable[[str, int, int], None]
+# The tasks a build reports, in order; the backbone's is `backbone (DEVICE)`, counted in bytes.
+TOKENIZER_TASK = "tokenizer + processor"
+HEAD_TASK = "joint schema head"
 
 
 def make_tiny(
@@ -44,23 +45,23 @@ def make_tiny(
     seed: int = 0,
     device: str = "cpu",
     overwrite: bool = False,
-    progress: ProgressCallback | None = None,
+    progress: Progress | None = None,
 ) -> Path:
     """Write a random-weight release of `size` to `out_dir` and return it; see the module docstring."""
     out_dir = Path(out_dir)
     spec = check_request(out_dir, size, seed, device, overwrite)
-    report = progress or (lambda stage, done, total: None)
+    progress = progress or NoProgress()
     with staged_folder(out_dir, command="make-tiny", overwrite=overwrite) as partial:
-        report("tokenizer", 0, 1)
+        progress.start(TOKENIZER_TASK, 1)
         ids = write_tokenizer_and_processor(partial)
-        report("tokenizer", 1, 1)
+        progress.finish(TOKENIZER_TASK)
         config = backbone_config(spec, ids)
         config.save_pretrained(partial)
         generation_config(ids).save_pretrained(partial)
-        write_backbone(partial, config, spec, seed, torch.device(device), report)
-        report("head", 0, 1)
+        write_backbone(partial, config, spec, seed, torch.device(device), progress, f"backbone ({device})")
+        progress.start(HEAD_TASK, 1)
         write_head(partial, spec, seed, torch.device(device))
-        report("head", 1, 1)
+        progress.finish(HEAD_TASK)
         write_card(partial, size, seed)
     return out_dir
 

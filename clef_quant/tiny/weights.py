@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from torch import nn
 from transformers import Qwen3_5Config
 from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
 
+from clef_quant.progress import BYTES, Progress
 from clef_quant.tiny.backbone_config import meta_model
 from clef_quant.tiny.sizes import Size
 
@@ -130,9 +131,10 @@ def write_backbone(
     spec: Size,
     seed: int,
     device: torch.device,
-    report: Callable[[str, int, int], None],
+    progress: Progress,
+    task: str,
 ) -> None:
-    """The backbone's safetensors shards of `spec` and their index, reporting "weights" progress in bytes."""
+    """The backbone's safetensors shards of `spec` and their index, reported as `task` in bytes."""
     model = meta_model(config)
     parameters = list(model.named_parameters())
     if set(model.state_dict()) != {name for name, _ in parameters}:
@@ -147,14 +149,13 @@ def write_backbone(
         if len(shards) == 1
         else [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
     )
-    done = 0
-    report("weights", done, total)
+    progress.start(task, total, unit=BYTES)
     for shard, file in zip(shards, files, strict=True):
         tensors = dict(_shard_tensors(shard, shapes, rules, seed, device))
         save_file(tensors, str(folder / file), metadata={"format": "pt"})
         del tensors
-        done += shard.num_bytes
-        report("weights", done, total)
+        progress.advance(task, shard.num_bytes)
+    progress.finish(task)
     # The index is written even for a single file: without one, vLLM loads every *.safetensors in the folder,
     # `joint_head.safetensors` included, and fails on the head's names. A real release is sharded, so it always
     # has an index and vLLM reads only the files named there.

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from clef_vllm.answers import response_from_logits
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, prepare_request
+from clef_vllm.encoder import Encoder
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
 from clef_vllm.errors import RequestError, SettingsError
 from clef_vllm.plugin import ARCHITECTURE
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
@@ -122,15 +123,6 @@ def engine_args(
 _IN_PROCESS_ENGINES: weakref.WeakSet[ClefEngine] = weakref.WeakSet()
 
 
-def load_processor(model: str | Path, limits: Limits) -> Any:
-    """The checkpoint's processor when media are on (it expands image and video placeholders), else None."""
-    if not limits.media_enabled:
-        return None
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(model))
-
-
 def engine_prompt(encoding: Encoding) -> Any:
     """What the engine runs: for media, the ids with unexpanded placeholders plus the decoded media, which
     vLLM's own Qwen3.5 processor expands into exactly `encoding.input_ids` (checked on every output)."""
@@ -158,7 +150,6 @@ class ClefEngine:
         batch_invariant: bool = True,
         **engine_kwargs: Any,
     ) -> None:
-        from transformers import AutoTokenizer
         from vllm import LLM
 
         local_release(model)  # a release folder or a Hub id, before vLLM starts
@@ -169,8 +160,7 @@ class ClefEngine:
         self.max_length = max_model_len
         self.limits = limits
         self.batch_invariant = batch_invariant
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model)
-        self.processor = load_processor(self.model, limits)
+        self.encoder = Encoder(self.model, max_length=max_model_len, media=limits.media_enabled)
         apply_cpu_defaults()
         show_vllm_warnings_once()
         self.llm = LLM(**args)
@@ -179,7 +169,7 @@ class ClefEngine:
             _IN_PROCESS_ENGINES.add(self)
 
     def encode(self, body: dict[str, Any] | ClefRequest) -> tuple[ClefRequest, Encoding]:
-        return prepare_request(body, self.limits, self.tokenizer, self.processor, self.max_length)
+        return self.encoder.prepare(body, self.limits)
 
     def logits(self, encodings: Sequence[Encoding], *, progress: bool = False) -> list[torch.Tensor]:
         """Every option's logit for each encoded request (flat, model order), batched by vLLM."""

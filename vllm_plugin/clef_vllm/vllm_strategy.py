@@ -28,8 +28,9 @@ from vllm.entrypoints.generate.structured_decisions.strategies import (
 from vllm.inputs import tokens_input
 
 from clef_vllm.answers import split_logits
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, prepare_request, render
-from clef_vllm.engine import engine_prompt, load_processor
+from clef_vllm.encoder import Encoder
+from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, render
+from clef_vllm.engine import engine_prompt
 from clef_vllm.errors import RequestError
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits
@@ -77,10 +78,13 @@ class ClefFlashStrategy(ReadStrategy):
     def __init__(self, context: ReadContext) -> None:
         super().__init__(context)
         model_config = context.engine_client.model_config
-        self.tokenizer = context.online_renderer.renderer.get_tokenizer()
-        self.max_length = min(DEFAULT_MAX_LENGTH, model_config.max_model_len)
         self.request_limits = _server_limits(model_config)
-        self.processor = load_processor(model_config.model, self.request_limits)
+        self.encoder = Encoder(
+            model_config.model,
+            max_length=min(DEFAULT_MAX_LENGTH, model_config.max_model_len),
+            media=self.request_limits.media_enabled,
+            tokenizer=context.online_renderer.renderer.get_tokenizer(),
+        )
 
     def limits(self) -> DecisionLimits:
         return DecisionLimits(max_questions=DEFAULT_LIMITS.max_questions, max_options=256)
@@ -109,9 +113,7 @@ class ClefFlashStrategy(ReadStrategy):
             raise StructuredDecisionError("Clef reads a fixed prompt, so it takes no top-level instructions")
         try:
             body = _systemone_body(questions, state, media)
-            request, encoding = prepare_request(
-                body, self.request_limits, self.tokenizer, self.processor, self.max_length
-            )
+            request, encoding = self.encoder.prepare(body, self.request_limits)
         except RequestError as exc:
             raise StructuredDecisionError(exc.message) from None
         result = None

@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from clef_vllm.answers import response_from_logits
-from clef_vllm.encoding import Encoding, prepare_request
-from clef_vllm.engine import apply_cpu_defaults, engine_prompt, load_processor
+from clef_vllm.encoder import Encoder, load_tokenizer
+from clef_vllm.encoding import Encoding
+from clef_vllm.engine import apply_cpu_defaults, engine_prompt
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.request import ClefRequest
 from clef_vllm.server.model_info import model_info
@@ -92,12 +93,12 @@ class EngineBackend:
     """Owns the async engine; `score` turns one request body into a response body."""
 
     def __init__(self, config: ServeConfig) -> None:
-        from transformers import AutoTokenizer
-
         config.check()
         self.config = config
-        self.tokenizer = _LockedTokenizer(AutoTokenizer.from_pretrained(config.model))
-        self.processor = load_processor(config.model, config.limits)
+        tokenizer = _LockedTokenizer(load_tokenizer(config.model))
+        self.encoder = Encoder(
+            config.model, max_length=config.max_model_len, media=config.limits.media_enabled, tokenizer=tokenizer
+        )
         self._processor_lock = threading.Lock()  # the processor's own tokenizer refuses concurrent use too
         self._ids = itertools.count()
         self.engine: Any = None
@@ -130,8 +131,7 @@ class EngineBackend:
 
     def prepare(self, body: Any, parts: Mapping[str, bytes] | None = None) -> tuple[ClefRequest, Encoding]:
         """`parts`: the file parts of a multipart request, which media objects name as `{"part": name}`."""
-        limits, max_length = self.config.limits, self.config.max_model_len
-        return prepare_request(body, limits, self.tokenizer, self.processor, max_length, parts, self._processor_lock)
+        return self.encoder.prepare(body, self.config.limits, parts, self._processor_lock)
 
     async def score(self, body: Any, parts: Mapping[str, bytes] | None = None) -> Scored:
         with self.load.stage("encoding"):

@@ -1,6 +1,7 @@
-"""What a command shows on stderr while it works, in one style: bars for the library's progress protocol
-(`start`, `advance`, `finish`, plus `update` for byte counts), a spinner line for runs that report stages, and
-the underlying tools' own output held back unless --verbose. Standard output keeps only the results.
+"""What a command shows on stderr while it works, in one style: a bar for each task the library reports through
+`clef_quant.progress` (counted in steps or bytes, or a spinner with its time for work that counts nothing), one
+spinner line naming the current task for runs made only of such work (the benchmarks), and the underlying tools'
+own output held back unless --verbose. Standard output keeps only the results.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import io
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, redirect_stderr
 from typing import Any
 
@@ -25,6 +26,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from clef_quant.formatting import decimal_size
+from clef_quant.progress import BYTES
 from clef_vllm.errors import ClefError
 
 # What the underlying tools print (loguru INFO lines, tqdm bars, vLLM's and transformers' INFO logs) is hidden
@@ -39,11 +42,14 @@ def stderr_console() -> Console:
 
 
 class _Amount(MofNCompleteColumn):
-    """`done/total`, or the task's own wording of it (bytes written) when it gives one."""
+    """`done/total`; sizes for a task counted in bytes; nothing for one that counts no steps."""
 
     def render(self, task: Task) -> Text:
-        detail = task.fields.get("detail")
-        return Text(detail, style="progress.download") if detail else super().render(task)
+        unit = task.fields.get("unit")
+        if unit == BYTES:
+            done, total = int(task.completed), int(task.total or 0)
+            return Text(f"{decimal_size(done)} / {decimal_size(total)}", style="progress.download")
+        return Text("") if unit is None else super().render(task)
 
 
 class RichProgress:
@@ -73,21 +79,16 @@ class RichProgress:
         if self._drawing:
             self._bars.__exit__(*exc)
 
-    def start(self, task: str, total: int | None = None) -> None:
+    def start(self, task: str, total: int | None = None, unit: str = "") -> None:
         if not self._drawing:
             self._bars.__enter__()
             self._drawing = True
-        self._ids[task] = self._bars.add_task(task, total=total, detail="")
+        # unit None marks a task that counts nothing: it shows its time, not "1/1".
+        self._ids[task] = self._bars.add_task(task, total=total, unit=unit if total is not None else None)
 
     def advance(self, task: str, amount: int = 1) -> None:
         if task in self._ids:
             self._bars.advance(self._ids[task], amount)
-
-    def update(self, task: str, completed: int, total: int, detail: str = "") -> None:
-        """Set a task's position outright (starting it if new), with a note such as bytes written."""
-        if task not in self._ids:
-            self.start(task, total)
-        self._bars.update(self._ids[task], completed=completed, total=total, detail=detail)
 
     def finish(self, task: str) -> None:
         if task in self._ids:
@@ -99,11 +100,28 @@ class RichProgress:
                 self._bars.update(task_id, completed=total)
 
 
+class _StageLine:
+    """The progress protocol as one spinner line that names the task running now."""
+
+    def __init__(self, status: Any) -> None:
+        self._status = status
+
+    def start(self, task: str, total: int | None = None, unit: str = "") -> None:
+        self._status.update(task)
+
+    def advance(self, task: str, amount: int = 1) -> None:
+        pass
+
+    def finish(self, task: str) -> None:
+        pass
+
+
 @contextmanager
-def stages(first: str) -> Iterator[Callable[[str], None]]:
-    """A spinner line on stderr showing `first`; call the yielded function with each later stage."""
+def stage_line(first: str) -> Iterator[_StageLine]:
+    """One line on stderr, `first` until the run starts its first task; it is gone when the run ends (and never
+    drawn when stderr is not a terminal), so a benchmark's terminal output is its results alone."""
     with stderr_console().status(first) as status:
-        yield lambda message: status.update(message)
+        yield _StageLine(status)
 
 
 def quiet_tools(verbose: bool, *settings: Mapping[str, str]) -> None:
