@@ -1,6 +1,6 @@
 """Options shared by several commands, defined once from their sources of truth.
 
-Choices come from the data that defines them (`SCHEMES`, `SIZES`, `SCANNABLE`), so `--help` lists them and a
+Choices come from the data that defines them (the scheme registry of `recipes/`, `SIZES`), so `--help` lists them and a
 bad value ends like every other user error: one `error:` line on stderr, exit 2, before anything loads.
 """
 
@@ -14,10 +14,10 @@ import typer
 
 from clef_quant.cli._errors import fail
 from clef_quant.devices import DEVICE_HELP, device_problem, is_cuda
-from clef_quant.quantize.recipes import AUTO_SCHEME, SCHEMES
+from clef_quant.quantize.recipes import scheme_choices
 from clef_quant.tiny.sizes import SIZES
 
-QUANTIZE_SCHEMES = (*SCHEMES, AUTO_SCHEME)
+QUANTIZE_SCHEMES = scheme_choices()
 ConfigT = TypeVar("ConfigT")
 
 
