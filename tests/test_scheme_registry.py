@@ -173,3 +173,30 @@ def test_a_new_recipe_file_is_a_scheme_the_cli_lists_and_quantizes_with(tiny_dir
     modules = json.loads(inspected.stdout)["modules"]
     assert {m["scheme"] for m in modules if not is_kept_bf16(m["name"])} == {"W8A16"}
     assert {m["scheme"] for m in modules if is_kept_bf16(m["name"])} == {"bf16"}
+
+
+# -- bench throughput: quantized folders of any scheme ------------------------------------------------------------
+
+
+def test_throughput_rows_are_named_by_the_scheme_a_folder_records(quantized_dir, tmp_path: Path) -> None:
+    from clef_quant.bench.throughput import plugin_side_name
+
+    assert plugin_side_name(quantized_dir("fp8-dynamic")) == "FP8_DYNAMIC"  # as the old --fp8 row was named
+    (tmp_path / "tiny-x").mkdir()
+    assert plugin_side_name(tmp_path / "tiny-x") == "tiny-x"  # no manifest: the folder's name
+
+
+@pytest.mark.parametrize("flag", ["--quantized", "--fp8", "--nvfp4"])
+def test_bench_throughput_takes_quantized_folders_and_the_old_flags(tmp_path: Path, flag: str) -> None:
+    from typer.testing import CliRunner
+
+    from clef_quant.cli import app
+
+    shown = CliRunner().invoke(app, ["bench", "throughput", "--help"], env={"COLUMNS": "200"}).output
+    assert "--quantized" in shown and "--fp8" not in shown and "--nvfp4" not in shown
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "ref" / "config.json").write_text("{}")
+    args = ["bench", "throughput", "--reference", str(tmp_path / "ref"), "--data", str(tmp_path), flag]
+    result = CliRunner().invoke(app, [*args, str(tmp_path / "nope")])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[0] == f"error: {tmp_path / 'nope'} is not a release folder"
