@@ -14,7 +14,7 @@ import typer
 
 from clef_quant.cli._errors import fail
 from clef_quant.devices import DEVICE_HELP, device_problem, is_cuda
-from clef_quant.quantize.recipes import scheme_choices
+from clef_quant.quantize.recipes import check_scheme, scheme_choices
 from clef_quant.tiny.sizes import SIZES
 
 QUANTIZE_SCHEMES = scheme_choices()
@@ -42,6 +42,22 @@ def choice_option(names: Iterable[str], what: str, help_text: str, refusal: str 
         parser=name_choice(choices, refusal or f"unknown {what} {{value!r}}"),
         metavar=what.upper(),
         help=f"{help_text} One of {', '.join(choices)}.",
+    )
+
+
+def parse_scheme(value: str) -> str:
+    from clef_quant.quantize.errors import QuantizeError
+
+    try:
+        return check_scheme(value)
+    except QuantizeError as exc:
+        raise fail(str(exc)) from None
+
+
+def scheme_option(help_text: str) -> Any:
+    """`--scheme NAME`: a scheme of the registry or auto, checked by the library's own check."""
+    return typer.Option(
+        "--scheme", parser=parse_scheme, metavar="SCHEME", help=f"{help_text} One of {', '.join(QUANTIZE_SCHEMES)}."
     )
 
 

@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
-from clef_quant.cli._options import QUANTIZE_SCHEMES, choice_option, device_option, dtype_option
+from clef_quant.cli._options import device_option, dtype_option, scheme_option
 from clef_quant.cli._output import results_console
 from clef_quant.cli._progress import LLM_COMPRESSOR_QUIET, VLLM_QUIET, quiet_tools, stages
 from clef_quant.formatting import binary_size
@@ -284,11 +284,9 @@ def quantize(
     ],
     scheme: Annotated[
         list[str] | None,
-        choice_option(
-            QUANTIZE_SCHEMES,
-            "scheme",
+        scheme_option(
             "Scheme to run, repeatable; default every scheme in recipes/ (and auto with --scan), with --against-plain "
-            f"{' and '.join(scheme_registry().bench_default())}.",
+            f"{' and '.join(scheme_registry().bench_default())}."
         ),
     ] = None,
     against_plain: Annotated[

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, read_json_file, user_errors
-from clef_quant.cli._options import QUANTIZE_SCHEMES, RevisionOption, choice_option, config_from, device_option
+from clef_quant.cli._options import RevisionOption, config_from, device_option, scheme_option
 from clef_quant.cli._output import results_console
 from clef_quant.cli._progress import quantization_bars
 from clef_quant.formatting import binary_size
@@ -28,11 +28,9 @@ def quantize(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (written as OUT.partial, then renamed).")],
     scheme: Annotated[
         str | None,
-        choice_option(
-            QUANTIZE_SCHEMES,
-            "scheme",
+        scheme_option(
             "The recipe in recipes/. auto: a per-layer mix of NVFP4, FP8 and bf16 chosen from --scan under "
-            "--max-kl or --max-size-gb.",
+            "--max-kl or --max-size-gb."
         ),
     ] = None,
     recipe_file: Annotated[

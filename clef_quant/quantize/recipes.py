@@ -148,12 +148,19 @@ def scheme_choices() -> tuple[str, ...]:
     return (*registry.schemes().names, AUTO_SCHEME)
 
 
+def check_scheme(scheme: str) -> str:
+    """`scheme` if `--scheme` accepts it (the command line's parser and the library both ask here)."""
+    if scheme not in scheme_choices():
+        raise QuantizeError(registry.unknown_scheme(scheme, scheme_choices()))
+    return scheme
+
+
 def check_recipe_choice(scheme: str | None, recipe_file: Path | None) -> None:
     """A quantize run names a scheme or a recipe file, and a scheme it names exists."""
     if scheme is None and recipe_file is None:
         raise QuantizeError(f"give --scheme or --recipe; --scheme is one of {', '.join(scheme_choices())}")
-    if scheme is not None and scheme not in scheme_choices():
-        raise QuantizeError(registry.unknown_scheme(scheme, scheme_choices()))
+    if scheme is not None:
+        check_scheme(scheme)
 
 
 def scheme_recipe_path(scheme: str) -> Traversable:
