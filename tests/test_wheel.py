@@ -24,6 +24,7 @@ from setuptools import find_packages
 from clef_quant import shipped
 from clef_quant.evaluation.tasks import load_tasks
 from clef_quant.quantize.inspect import inspect_checkpoint
+from clef_quant.quantize.recipes import load_recipe
 from clef_quant.quantize.registry import schemes
 from clef_quant.release_folder.manifest import MANIFEST_FILE
 
@@ -163,7 +164,9 @@ def test_quantize_with_a_shipped_recipe_from_the_install(installed: Path, elsewh
     out = elsewhere / "tiny-FP8_DYNAMIC"
     clef_quant(installed, elsewhere, "quantize", str(tiny_dir), "--scheme", "fp8-dynamic", "--out", str(out))
     manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
-    assert manifest["recipe"]["text"] == (REPO / "recipes" / "fp8_dynamic.yaml").read_text(encoding="utf-8")
+    # The installed recipe, filled as the checkout fills its own: the same text llm-compressor is given.
+    source_config = json.loads((tiny_dir / "config.json").read_text(encoding="utf-8"))
+    assert manifest["recipe"]["text"] == load_recipe("fp8-dynamic", None, source_config).text
     assert under(manifest["recipe"]["file"], installed)
     assert inspect_checkpoint(out).ok
 
