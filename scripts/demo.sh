@@ -72,7 +72,7 @@ step "eval: bf16 reference (transformers) vs the noise floor and both candidates
 done_step
 
 step "bench throughput: $THROUGHPUT_RECORDS records through every side"
-"$CLI" bench throughput --reference "$OUT/tiny" --fp8 "$OUT/tiny-FP8_DYNAMIC" --nvfp4 "$OUT/tiny-NVFP4" \
+"$CLI" bench throughput --reference "$OUT/tiny" --quantized "$OUT/tiny-FP8_DYNAMIC" --quantized "$OUT/tiny-NVFP4" \
   --data "$OUT/data" --records "$THROUGHPUT_RECORDS" --max-model-len "$MAX_LEN" --enforce-eager \
   --out "$OUT/throughput-cpu.md"
 done_step

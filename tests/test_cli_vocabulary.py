@@ -8,16 +8,17 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from clef_quant.cli import app
 from clef_quant.devices import device_problem
 from clef_quant.formatting import binary_size, count, decimal_size, first_few
-from clef_quant.quantize.recipes import SCHEMES
-from clef_quant.quantize.scan import SCANNABLE
+from clef_quant.quantize.registry import schemes
 from clef_quant.tiny.sizes import SIZES
 
-CLI_DIR = Path(__file__).resolve().parents[1] / "clef_quant" / "cli"
+REPO = Path(__file__).resolve().parents[1]
+CLI_DIR = REPO / "clef_quant" / "cli"
 
 
 @pytest.fixture(autouse=True)
@@ -79,8 +80,8 @@ def test_a_cuda_device_this_machine_lacks_is_refused() -> None:
 @pytest.mark.parametrize(
     ("args", "choices"),
     [
-        (["quantize", "SRC", "--out", "OUT", "--scheme", "int3"], [*SCHEMES, "auto"]),
-        (["bench", "quantize", "--model", "SRC", "--work", "W", "--scheme", "int3"], [*SCHEMES, "auto"]),
+        (["quantize", "SRC", "--out", "OUT", "--scheme", "int3"], [*schemes().names, "auto"]),
+        (["bench", "quantize", "--model", "SRC", "--work", "W", "--scheme", "int3"], [*schemes().names, "auto"]),
     ],
 )
 def test_an_unknown_scheme_lists_every_scheme(args: list[str], choices: list[str]) -> None:
@@ -90,7 +91,52 @@ def test_an_unknown_scheme_lists_every_scheme(args: list[str], choices: list[str
 
 def test_scan_names_the_schemes_it_can_scan() -> None:
     line = refused(["scan", "SRC", "--out", "OUT", "--scheme", "nvfp4", "--scheme", "nvfp4-awq"])
-    assert line == f"error: cannot scan nvfp4-awq; choose one of {', '.join(SCANNABLE)}"
+    assert line == f"error: cannot scan nvfp4-awq; choose one of {', '.join(schemes().scannable())}"
+
+
+def recipe_files() -> dict[str, dict]:
+    """Each file of recipes/ by the scheme name its front matter gives, read as plain YAML."""
+    found = {}
+    for path in sorted((REPO / "recipes").glob("*.yaml")):
+        front = yaml.safe_load(path.read_text().split("\n---\n", 1)[0])["clef"]
+        found[front["name"]] = front
+    return found
+
+
+def test_every_recipe_file_is_a_scheme_the_cli_accepts(tmp_path: Path) -> None:
+    names = recipe_files()
+    assert len(names) == len(list((REPO / "recipes").glob("*.yaml")))  # one scheme per file, none named twice
+    shown = CliRunner().invoke(app, ["quantize", "--help"], env={"COLUMNS": "1000"}).output
+    for name in names:
+        assert f" {name}," in shown or f" {name}." in shown, name
+        # Accepted: the run gets past the scheme and stops at the missing source.
+        line = refused(["quantize", tmp_path / "missing", "--out", tmp_path / "out", "--scheme", name])
+        assert "does not exist" in line, (name, line)
+
+
+def readme_scheme_table() -> dict[str, dict[str, str]]:
+    text = (REPO / "README.md").read_text()
+    lines = text[text.index("| scheme | stores |") :].splitlines()
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        cells = dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")), strict=True))
+        rows[cells["scheme"].strip("`")] = cells
+    return rows
+
+
+def test_readme_scheme_table_lists_every_recipe_file_as_it_is() -> None:
+    table, files = readme_scheme_table(), recipe_files()
+    assert sorted(table) == sorted(files)
+    for name, front in files.items():
+        row = table[name]
+        assert row["stores"] == " + ".join(front["labels"]), name
+        assert row["calibration"] == ("yes" if front["calibration"] else "no"), name
+        assert row["streams"] == ("yes" if front.get("streaming") else "no"), name
+        scan = front.get("scan")
+        assert row["scan"] == ("no" if scan is None else "default" if scan.get("default") else "yes"), name
 
 
 def test_an_unknown_size_lists_the_sizes(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from typer.testing import CliRunner
 
 from clef_quant.cli import app
@@ -28,7 +29,7 @@ from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.fused_scales import QKVZ_GROUP, fused_global_scales
 from clef_quant.quantize.inspect import inspect_checkpoint
 from clef_quant.quantize.inspect_report import CHECK_FUSED, CHECK_HEAD, CHECK_KEEP, CHECK_MANIFEST
-from clef_quant.quantize.recipes import SCHEMES, fill, is_kept_bf16, layer_variables, load_recipe, matches_target
+from clef_quant.quantize.recipes import fill, is_kept_bf16, layer_variables, load_recipe, matches_target
 from clef_quant.release_folder.manifest import MANIFEST_FILE, sha256_file, verify_manifest
 from clef_quant.release_folder.versions import RELEASE_TOOLS
 
@@ -189,7 +190,10 @@ def test_manifest_records_source_recipe_tools_calibration_and_hashes(
     manifest = json.loads((folder / MANIFEST_FILE).read_text())
     assert manifest["scheme"] == scheme
     assert manifest["source"] == {"id": str(tiny_dir), "revision": None, "local": True}
-    assert manifest["recipe"]["text"] == (Path("recipes") / SCHEMES[scheme]).read_text()
+    # The recipe llm-compressor ran, as it was given: the recipe file's front matter is not part of it.
+    source_config = json.loads((tiny_dir / "config.json").read_text())
+    assert manifest["recipe"]["text"] == load_recipe(scheme, None, source_config).text
+    assert "clef:" not in manifest["recipe"]["text"] and "default_stage" in yaml.safe_load(manifest["recipe"]["text"])
     assert set(manifest["tools"]) == set(RELEASE_TOOLS) and all(manifest["tools"].values())
     files = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()} - {MANIFEST_FILE}
     assert set(manifest["files"]) == files

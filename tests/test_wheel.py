@@ -24,6 +24,8 @@ from setuptools import find_packages
 from clef_quant import shipped
 from clef_quant.evaluation.tasks import load_tasks
 from clef_quant.quantize.inspect import inspect_checkpoint
+from clef_quant.quantize.recipes import load_recipe
+from clef_quant.quantize.registry import schemes
 from clef_quant.release_folder.manifest import MANIFEST_FILE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,7 +109,8 @@ from clef_quant.evaluation.tasks import load_tasks
 from clef_quant.card_templates import _shipped_template
 from clef_quant.publish.card import TEMPLATE
 from clef_quant.publish.folder import copy_trees
-from clef_quant.quantize.recipes import SCHEMES, scheme_recipe_path
+from clef_quant.quantize.recipes import scheme_recipe_path
+from clef_quant.quantize.registry import schemes
 
 copied = copy_trees(Path(sys.argv[1]))
 plugin = metadata.distribution("clef-vllm")
@@ -117,7 +120,8 @@ json.dump({
     "clef_vllm_dist": str(plugin.locate_file("")),
     "vllm_plugins": [ep.value for ep in plugin.entry_points if ep.group == "vllm.general_plugins"],
     "data_root": str(shipped.data_root()),
-    "recipes": {scheme: str(scheme_recipe_path(scheme)) for scheme in SCHEMES},
+    "recipes": {scheme: str(scheme_recipe_path(scheme)) for scheme in schemes().names},
+    "auto_template": str(shipped.recipes().joinpath("auto.yaml.j2")),
     "tasks": {task.name: str(task.path) for task in load_tasks()},
     "template": _shipped_template(TEMPLATE),
     "copied": copied,
@@ -133,6 +137,8 @@ def test_installed_packages_find_their_data_outside_the_checkout(installed: Path
         assert under(found[key], installed), (key, found[key])
     assert found["vllm_plugins"] == ["clef_vllm.plugin:register"]  # vLLM finds the installed plugin
     assert found["recipes"] and all(under(p, installed) and Path(p).is_file() for p in found["recipes"].values())
+    assert list(found["recipes"]) == list(schemes().names)  # every scheme of the checkout's recipes/, in order
+    assert under(found["auto_template"], installed) and Path(found["auto_template"]).is_file()
     assert sorted(found["tasks"]) == sorted(task.name for task in load_tasks(REPO / "eval" / "tasks"))
     assert all(under(p, installed) for p in found["tasks"].values())
     assert found["template"] == (REPO / "model_cards" / "quantized.md.j2").read_text(encoding="utf-8")
@@ -158,7 +164,9 @@ def test_quantize_with_a_shipped_recipe_from_the_install(installed: Path, elsewh
     out = elsewhere / "tiny-FP8_DYNAMIC"
     clef_quant(installed, elsewhere, "quantize", str(tiny_dir), "--scheme", "fp8-dynamic", "--out", str(out))
     manifest = json.loads((out / MANIFEST_FILE).read_text(encoding="utf-8"))
-    assert manifest["recipe"]["text"] == (REPO / "recipes" / "fp8_dynamic.yaml").read_text(encoding="utf-8")
+    # The installed recipe, filled as the checkout fills its own: the same text llm-compressor is given.
+    source_config = json.loads((tiny_dir / "config.json").read_text(encoding="utf-8"))
+    assert manifest["recipe"]["text"] == load_recipe("fp8-dynamic", None, source_config).text
     assert under(manifest["recipe"]["file"], installed)
     assert inspect_checkpoint(out).ok
 

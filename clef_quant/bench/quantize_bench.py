@@ -47,7 +47,6 @@ GOAL_RATIO = 1.3
 GOAL_FP8_SECONDS = 120.0
 GOAL_HOST_RATIO = 1.3
 GOAL_STREAMING_RATIO = 1.3  # the streaming path against plain model_free_ptq
-DEFAULT_SCHEMES = ("fp8-dynamic", "nvfp4")
 SIDES = ("plain", "clef")  # measured in this order for every scheme
 STREAMING_SIDES = ("plain", "model-free", "clef-oneshot", "clef")  # for the schemes that stream by default
 
@@ -118,9 +117,10 @@ def model_free_inputs(source: Path, scheme: str, view: Path) -> list[str] | None
     filled with links to the backbone's files (config, index, shards); None for any other scheme."""
     from clef_quant.quantize.plan import parse_recipe
     from clef_quant.quantize.recipes import load_recipe
-    from clef_quant.quantize.streaming import INDEX_FILE, STREAMING_DEFAULT_SCHEMES, plan_streaming
+    from clef_quant.quantize.registry import schemes
+    from clef_quant.quantize.streaming import INDEX_FILE, plan_streaming
 
-    if scheme not in STREAMING_DEFAULT_SCHEMES:
+    if scheme not in schemes().streaming_default():
         return None
     config = json.loads((source / "config.json").read_text())
     splan = plan_streaming(source, config, parse_recipe(load_recipe(scheme, None, config).text))

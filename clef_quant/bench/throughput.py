@@ -2,9 +2,9 @@
 
 Sides run one after another in one process (a shared CPU cannot host two models without each slowing the
 other): the bf16 reference through transformers (batches of `batch_size` records of similar length,
-right-padded), then each folder through the vLLM plugin (bf16, FP8, NVFP4 as given; all records in one call,
-vLLM forms the batches). Every side first scores one batch untimed (lazy initialisation, first-call kernels),
-then all records timed. The time is model time: records are encoded before the clock starts, as
+right-padded), then each folder through the vLLM plugin (bf16, then the quantized folders as given; all records
+in one call, vLLM forms the batches). Every side first scores one batch untimed (lazy initialisation, first-call
+kernels), then all records timed. The time is model time: records are encoded before the clock starts, as
 `clef-quant eval` does.
 
 `run_throughput` returns the numbers; `throughput_report.write_report` writes them as markdown and JSON;
@@ -57,6 +57,18 @@ def load_requests(source: Path, records: int) -> list[ClefRequest]:
     if not requests:
         raise ClefError(f"no requests in {source}")
     return requests
+
+
+def plugin_side_name(folder: Path) -> str:
+    """A quantized folder's row: the labels its scheme stores (`FP8_DYNAMIC`, `FP8_DYNAMIC + NVFP4`), the scheme
+    its manifest records when it is not a registry scheme (`auto`, `custom`), else the folder's name."""
+    from clef_quant.quantize.registry import schemes
+    from clef_quant.release_folder.manifest import read_manifest
+
+    scheme = (read_manifest(folder) or {}).get("scheme")
+    if scheme in schemes().names:
+        return " + ".join(schemes().scheme(scheme).labels)
+    return scheme or folder.name
 
 
 def run_throughput(

@@ -1,6 +1,6 @@
 """Options shared by several commands, defined once from their sources of truth.
 
-Choices come from the data that defines them (`SCHEMES`, `SIZES`, `SCANNABLE`), so `--help` lists them and a
+Choices come from the data that defines them (the scheme registry of `recipes/`, `SIZES`), so `--help` lists them and a
 bad value ends like every other user error: one `error:` line on stderr, exit 2, before anything loads.
 """
 
@@ -13,10 +13,10 @@ import typer
 
 from clef_quant.cli._errors import fail
 from clef_quant.devices import DEVICE_HELP, device_problem, is_cuda
-from clef_quant.quantize.recipes import AUTO_SCHEME, SCHEMES
+from clef_quant.quantize.recipes import check_scheme, scheme_choices
 from clef_quant.tiny.sizes import SIZES
 
-QUANTIZE_SCHEMES = (*SCHEMES, AUTO_SCHEME)
+QUANTIZE_SCHEMES = scheme_choices()
 
 
 def name_choice(names: Iterable[str], refusal: str) -> Callable[[str], str]:
@@ -40,6 +40,22 @@ def choice_option(names: Iterable[str], what: str, help_text: str, refusal: str 
         parser=name_choice(choices, refusal or f"unknown {what} {{value!r}}"),
         metavar=what.upper(),
         help=f"{help_text} One of {', '.join(choices)}.",
+    )
+
+
+def parse_scheme(value: str) -> str:
+    from clef_quant.quantize.errors import QuantizeError
+
+    try:
+        return check_scheme(value)
+    except QuantizeError as exc:
+        raise fail(str(exc)) from None
+
+
+def scheme_option(help_text: str) -> Any:
+    """`--scheme NAME`: a scheme of the registry or auto, checked by the library's own check."""
+    return typer.Option(
+        "--scheme", parser=parse_scheme, metavar="SCHEME", help=f"{help_text} One of {', '.join(QUANTIZE_SCHEMES)}."
     )
 
 

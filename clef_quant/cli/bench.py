@@ -13,17 +13,17 @@ from rich.table import Table
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import (
     MAX_SEQ_LEN_HELP,
-    QUANTIZE_SCHEMES,
     EnforceEagerOption,
-    choice_option,
     device_option,
     dtype_option,
     eager_engine_kwargs,
+    scheme_option,
 )
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import LLM_COMPRESSOR_QUIET, VLLM_QUIET, quiet_tools, stage_line
 from clef_quant.formatting import binary_size
-from clef_quant.quantize.recipes import AUTO_SCHEME, SCHEMES
+from clef_quant.quantize.recipes import AUTO_SCHEME
+from clef_quant.quantize.registry import schemes as scheme_registry
 
 app = typer.Typer(
     help="Measure parts of the stack; each command writes a markdown report.\n\n"
@@ -202,8 +202,18 @@ def throughput(
     data: Annotated[
         Path, typer.Option(help="A DATA folder (clef-quant build-data; tasks taken in turn) or a JSONL of requests.")
     ],
-    fp8: Annotated[Path | None, typer.Option(help="An FP8_DYNAMIC folder to run through the plugin.")] = None,
-    nvfp4: Annotated[Path | None, typer.Option(help="An NVFP4 folder to run through the plugin.")] = None,
+    quantized: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--quantized",
+            metavar="FOLDER",
+            help="A quantized release folder to run through the plugin, repeatable; its row is named by the "
+            "scheme its manifest records.",
+        ),
+    ] = None,
+    # The two flags of earlier versions, still read (scripts/demo.sh and older commands in reports use them).
+    fp8: Annotated[Path | None, typer.Option(hidden=True)] = None,
+    nvfp4: Annotated[Path | None, typer.Option(hidden=True)] = None,
     records: Annotated[int, typer.Option(min=1, help="Requests scored by every side.")] = 64,
     batch_size: Annotated[int, typer.Option(min=1, help="Records per transformers forward pass.")] = 8,
     image_records: Annotated[
@@ -222,20 +232,21 @@ def throughput(
         ),
     ] = None,
 ) -> None:
-    """Records/s and tokens/s of the transformers reference and of the plugin (bf16, FP8, NVFP4) on the same records.
+    """Records/s and tokens/s of the transformers reference and of the plugin (bf16 and each quantized folder) on
+    the same records.
 
-    Example: clef-quant bench throughput --reference artifacts/tiny --fp8 artifacts/tiny-FP8_DYNAMIC \\
-        --nvfp4 artifacts/tiny-NVFP4 --data data/eval --records 28 --enforce-eager
+    Example: clef-quant bench throughput --reference artifacts/tiny --quantized artifacts/tiny-FP8_DYNAMIC \\
+        --quantized artifacts/tiny-NVFP4 --data data/eval --records 28 --enforce-eager
     """
-    from clef_quant.bench.throughput import load_requests, run_throughput
+    from clef_quant.bench.throughput import load_requests, plugin_side_name, run_throughput
     from clef_quant.bench.workload import image_requests
     from clef_quant.throughput_report import write_report
     from clef_vllm.request import parse_request
 
-    folders = [("bf16", reference), ("FP8_DYNAMIC", fp8), ("NVFP4", nvfp4)]
-    for _, folder in folders:
-        if folder is not None:
-            _require_release(folder)
+    given = [folder for folder in (fp8, nvfp4, *(quantized or [])) if folder is not None]
+    for folder in (reference, *given):
+        _require_release(folder)
+    folders = [("bf16", reference), *((plugin_side_name(folder), folder) for folder in given)]
     if not data.exists():
         raise fail(f"{data} does not exist", hint="clef-quant build-data --out DATA --source fixtures")
 
@@ -244,7 +255,7 @@ def throughput(
     with stage_line("benchmarking") as progress:
         result = run_throughput(
             reference,
-            [(f"plugin {name}", folder) for name, folder in folders if folder is not None],
+            [(f"plugin {name}", folder) for name, folder in folders],
             requests,
             source=str(data),
             batch_size=batch_size,
@@ -280,11 +291,9 @@ def quantize(
     ],
     scheme: Annotated[
         list[str] | None,
-        choice_option(
-            QUANTIZE_SCHEMES,
-            "scheme",
+        scheme_option(
             "Scheme to run, repeatable; default every scheme in recipes/ (and auto with --scan), with --against-plain "
-            "fp8-dynamic and nvfp4.",
+            f"{' and '.join(scheme_registry().bench_default())}."
         ),
     ] = None,
     against_plain: Annotated[
@@ -349,7 +358,7 @@ def quantize(
 
     from clef_quant.bench.quality import render_markdown, run_quality_bench
 
-    schemes = list(scheme or [*SCHEMES, *([AUTO_SCHEME] if scan is not None else [])])
+    schemes = list(scheme or [*scheme_registry().names, *([AUTO_SCHEME] if scan is not None else [])])
     if AUTO_SCHEME in schemes and scan is None:
         raise fail("auto needs --scan", hint=f"clef-quant scan {model} --out SCAN_DIR")
     out = out or Path("bench/results/quality-cpu.md")
@@ -398,14 +407,14 @@ def _against_plain(
 ) -> None:
     import json
 
-    from clef_quant.bench.quantize_bench import DEFAULT_SCHEMES, SideFailed, compare, render_markdown
+    from clef_quant.bench.quantize_bench import SideFailed, compare, render_markdown
 
     out = out or Path(f"bench/results/quantize-{_report_name(device)}.json")
     with stage_line("benchmarking") as progress:
         try:
             results = compare(
                 model,
-                schemes or DEFAULT_SCHEMES,
+                schemes or list(scheme_registry().bench_default()),
                 work=work,
                 records=records,
                 max_seq_len=max_seq_len,

@@ -11,11 +11,20 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, read_json_file, user_errors
-from clef_quant.cli._options import MAX_SEQ_LEN_HELP, QUANTIZE_SCHEMES, RevisionOption, choice_option, device_option
+from clef_quant.cli._options import (
+    MAX_SEQ_LEN_HELP,
+    RevisionOption,
+    device_option,
+    scheme_option,
+)
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import quantization_bars
 from clef_quant.formatting import binary_size
-from clef_quant.quantize.recipes import AUTO_SCHEME
+from clef_quant.quantize.auto import check_auto_options
+from clef_quant.quantize.recipes import check_recipe_choice
+from clef_quant.quantize.registry import schemes
+
+STREAMING_DEFAULT = schemes().streaming_default()
 
 
 @user_errors
@@ -24,11 +33,9 @@ def quantize(
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (written as OUT.partial, then renamed).")],
     scheme: Annotated[
         str | None,
-        choice_option(
-            QUANTIZE_SCHEMES,
-            "scheme",
+        scheme_option(
             "The recipe in recipes/. auto: a per-layer mix of NVFP4, FP8 and bf16 chosen from --scan under "
-            "--max-kl or --max-size-gb.",
+            "--max-kl or --max-size-gb."
         ),
     ] = None,
     recipe_file: Annotated[
@@ -58,7 +65,8 @@ def quantize(
         typer.Option(
             "--streaming/--no-streaming",
             help="Quantize shard by shard without loading the model (data-free recipes only). Default: on for "
-            "fp8-dynamic, fp8-block and nvfp4a16, whose output is bit-identical to the loaded model's.",
+            f"{', '.join(STREAMING_DEFAULT[:-1])} and {STREAMING_DEFAULT[-1]}, whose output is bit-identical to "
+            "the loaded model's.",
             show_default=False,
         ),
     ] = None,
@@ -87,9 +95,8 @@ def quantize(
       clef-quant quantize artifacts/tiny --scheme auto --scan artifacts/scan/scan.json --max-kl 0.01 -o tiny-AUTO
       clef-quant quantize artifacts/tiny --scheme fp8-dynamic --no-streaming -o tiny-FP8  # load the model
     """
-    if scheme is None and recipe_file is None:
-        raise fail("give --scheme or --recipe", hint=f"--scheme is one of {', '.join(QUANTIZE_SCHEMES)}")
-    _check_auto_options(scheme, scan_file, max_kl, max_size_gb)
+    check_recipe_choice(scheme, recipe_file)
+    check_auto_options(scheme, scan_file, max_kl, max_size_gb)
     from clef_quant.quantize.run import QuantizeConfig
     from clef_quant.quantize.run import quantize as run_quantize
 
@@ -173,16 +180,6 @@ def inspect_checkpoint(
             _print_engines(console, detections, request, request_file)
     if not report.ok:
         raise typer.Exit(1)
-
-
-def _check_auto_options(scheme: str | None, scan: Path | None, max_kl: float | None, max_size: float | None) -> None:
-    """--scan, --max-kl and --max-size-gb belong to --scheme auto, which needs the scan and one target."""
-    if scheme == AUTO_SCHEME and scan is None:
-        raise fail("--scheme auto needs --scan SCAN.json", hint="clef-quant scan SOURCE --out DIR makes one")
-    if scheme == AUTO_SCHEME and (max_kl is None) == (max_size is None):
-        raise fail("--scheme auto needs exactly one of --max-kl and --max-size-gb")
-    if scheme != AUTO_SCHEME and (scan is not None or max_kl is not None or max_size is not None):
-        raise fail("--scan, --max-kl and --max-size-gb go with --scheme auto")
 
 
 # -- rendering ------------------------------------------------------------------------------------------------

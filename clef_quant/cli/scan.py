@@ -12,12 +12,8 @@ from clef_quant.cli._errors import user_errors
 from clef_quant.cli._options import RevisionOption, choice_option, device_option
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import quantization_bars
-from clef_quant.quantize.scan import (
-    DEFAULT_CALIBRATION_RECORDS,
-    DEFAULT_HELDOUT,
-    DEFAULT_SCHEMES,
-    SCANNABLE,
-)
+from clef_quant.quantize.registry import schemes
+from clef_quant.quantize.scan import DEFAULT_CALIBRATION_RECORDS, DEFAULT_HELDOUT
 
 SHOWN = 12  # rows of the most sensitive units printed at the end
 
@@ -29,9 +25,9 @@ def scan(
     scheme: Annotated[
         list[str] | None,
         choice_option(
-            SCANNABLE,
+            schemes().scannable(),
             "scheme",
-            f"Candidate scheme, repeatable; default {' and '.join(DEFAULT_SCHEMES)} (what auto needs). AWQ "
+            f"Candidate scheme, repeatable; default {' and '.join(schemes().default_scan())} (what auto needs). AWQ "
             "rescales norms and the hybrid is already a mix, so their units cannot be switched on alone.",
             refusal="cannot scan {value}",
         ),
@@ -69,7 +65,7 @@ def scan(
     config = ScanConfig(
         source=source,
         out=out,
-        schemes=tuple(scheme or DEFAULT_SCHEMES),
+        schemes=tuple(scheme or schemes().default_scan()),
         calibration_file=calibration_file,
         calibration_records=calibration_records,
         heldout=heldout,

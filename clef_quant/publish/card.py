@@ -3,8 +3,9 @@
 Every fact on the card comes from a file, never from a hand-typed list: where the release came from from the
 manifest (`provenance.py`); what is quantized and what stays bf16, sizes and files from the stored tensors and the
 manifest (`folder_facts.py`); the numbers from RESULTS' `results.json` and the per-record probabilities, and the
-throughput table from a `bench throughput` report's JSON (`results.py`). The prose around them lives in the Jinja2
-templates `model_cards/quantized.md.j2` and `model_cards/quantized_texts.j2`.
+throughput table from a `bench throughput` report's JSON (`results.py`). The words about each scheme come from its
+recipe's front matter (`quantize/registry.py`), why a module stays bf16 from the keep-list (`quantize/recipes.py`);
+the prose around them lives in the Jinja2 templates `model_cards/quantized.md.j2` and `model_cards/quantized_texts.j2`.
 
 The sequence: check DIR (inspect, with the manifest hashes of the files `quantize` wrote); resolve the base model
 and license; read RESULTS and check it evaluated DIR; render the card and plots and copy the sources into a staging
@@ -41,6 +42,8 @@ from clef_quant.publish.provenance import (
 from clef_quant.publish.reproduce import reproduce_commands
 from clef_quant.publish.results import EvalResults, read_results, read_throughput
 from clef_quant.publish.upload import validate_repo_id
+from clef_quant.quantize.recipes import keep_reasons
+from clef_quant.quantize.registry import Registry, schemes
 from clef_quant.release_folder.fingerprints import manifest_fingerprint
 from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, CARD_SECTION, MANIFEST_FILE, is_card_owned
 from clef_quant.release_folder.versions import tool_versions
@@ -229,6 +232,7 @@ def card_context(
     name = repo_id.split("/", 1)[1]
     return {
         **manifest_facts(manifest),
+        **scheme_words(schemes()),
         "card_data": card_data.to_yaml(),
         "title": name,
         "repo_id": repo_id,
@@ -261,6 +265,18 @@ def card_context(
             throughput_command=throughput["command"] if throughput and throughput["rows"] else None,
         ),
         "example_request": json.dumps({**EXAMPLE_REQUEST, "model": name}, indent=2),
+    }
+
+
+def scheme_words(registry: Registry) -> dict[str, dict[str, str]]:
+    """The card's words about scheme labels (each recipe's `card:` front matter) and the keep-list, by what the
+    template looks them up with: a label, or a module kind."""
+    texts = registry.card_texts()
+    return {
+        "scheme_descriptions": {label: text.description for label, text in texts.items()},
+        "hardware_notes": {label: text.hardware for label, text in texts.items() if text.hardware},
+        "cpu_notes": {label: text.cpu for label, text in texts.items() if text.cpu},
+        "keep_reasons": keep_reasons(),
     }
 
 

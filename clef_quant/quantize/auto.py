@@ -1,17 +1,18 @@
 """`clef-quant quantize --scheme auto`: a mixed recipe chosen from a sensitivity scan, under a target.
 
-Every unit of the scan (one Linear group of one decoder layer) gets NVFP4, FP8_DYNAMIC or stays bf16. The
-choice starts from NVFP4 everywhere (the smallest) and upgrades one unit at a time, always the upgrade that
-removes the most KL per byte it adds (NVFP4 -> FP8, FP8 -> bf16, or NVFP4 -> bf16 directly), until the
-target holds (under `--max-kl` the last step is the cheapest one that reaches the target):
+Every unit of the scan (one Linear group of one decoder layer) gets one of the scan's default schemes (the
+registry's, smallest first: NVFP4, then FP8_DYNAMIC) or stays bf16. The choice starts from the smallest
+everywhere and upgrades one unit at a time, always the upgrade that removes the most KL per byte it adds
+(NVFP4 -> FP8, FP8 -> bf16, or NVFP4 -> bf16 directly), until the target holds (under `--max-kl` the last step
+is the cheapest one that reaches the target):
 
 - `--max-kl X`: the predicted KL, the sum of the chosen units' scan KLs, is at most X;
 - `--max-size-gb Y`: upgrade while the predicted backbone size stays at most Y (10^9 bytes); the most
   KL per byte is bought first, so at a fixed size this is the greedy answer to "least KL".
 
 Summing unit KLs assumes the units' errors add up; the scan measures each unit alone. `clef-quant eval`
-measures the result. The recipe written says, per unit, what was chosen and the scan numbers behind it, and
-is saved verbatim as the output folder's `recipe.yaml`.
+measures the result. The recipe (rendered from the shipped template `recipes/auto.yaml.j2`) says, per unit,
+what was chosen and the scan numbers behind it, and is saved verbatim as the output folder's `recipe.yaml`.
 """
 
 from __future__ import annotations
@@ -20,26 +21,51 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clef_quant import shipped
+from clef_quant.quantize import registry
 from clef_quant.quantize.errors import QuantizeError
-from clef_quant.quantize.recipes import AUTO_SCHEME, KEEP_BF16, Recipe
+from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, recipe_environment
 from clef_quant.quantize.release_files import backbone_bytes
 from clef_quant.quantize.scan_file import GROUPS, ScanFile, config_sha256, read_scan
+from clef_quant.quantize.schemes import BF16
 
-NVFP4, FP8, BF16 = "NVFP4", "FP8_DYNAMIC", "bf16"
-SCAN_SCHEME = {NVFP4: "nvfp4", FP8: "fp8-dynamic"}
+TEMPLATE = "auto.yaml.j2"
 # The decoder Linear layers of one group of one layer, in transformers' and vLLM's spellings (see the hybrid).
 _GROUP_PATTERN = {"deltanet": "linear_attn", "attention": "self_attn", "mlp": "mlp"}
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One step of the ladder auto climbs: a default scan scheme, by the label inspect gives its modules."""
+
+    label: str
+    name: str
+
+
+def ladder() -> tuple[Rung, ...]:
+    """The scan's default schemes, smallest first, each by its one label."""
+    rungs = []
+    for name in registry.schemes().default_scan():
+        labels = registry.schemes().scheme(name).labels
+        if len(labels) != 1:
+            raise QuantizeError(f"--scheme auto cannot use {name}: it stores {len(labels)} schemes, not one")
+        rungs.append(Rung(labels[0], name))
+    return tuple(rungs)
 
 
 @dataclass(frozen=True)
 class UnitChoice:
     layer: int
     group: str
-    choice: str  # NVFP4, FP8_DYNAMIC or bf16
+    choice: str  # a rung's label (NVFP4, FP8_DYNAMIC) or bf16
     kl: dict[str, float]  # per option: the scan's mean KL (bf16: 0)
     saved: dict[str, int]  # per option: bytes saved against bf16
     flips: dict[str, int]
     questions: int
+
+    @property
+    def target(self) -> str:
+        return target_pattern(self.layer, self.group)
 
 
 @dataclass(frozen=True)
@@ -51,7 +77,7 @@ class AutoPlan:
     target: str  # "--max-kl 0.01" or "--max-size-gb 1.2"
 
     def counts(self) -> dict[str, int]:
-        counts = {NVFP4: 0, FP8: 0, BF16: 0}
+        counts = {**{rung.label: 0 for rung in ladder()}, BF16: 0}
         for unit in self.units:
             counts[unit.choice] += 1
         return counts
@@ -61,23 +87,41 @@ def target_pattern(layer: int, group: str) -> str:
     return rf"re:.*language_model\.(?:model\.)?layers\.{layer}\.{_GROUP_PATTERN[group]}\.\w*proj\w*$"
 
 
+def check_auto_options(
+    scheme: str | None, scan_file: Path | None, max_kl: float | None, max_size_gb: float | None
+) -> None:
+    """--scan, --max-kl and --max-size-gb belong to --scheme auto, which needs the scan and exactly one target."""
+    if scheme == AUTO_SCHEME and scan_file is None:
+        raise QuantizeError("--scheme auto needs --scan SCAN.json (clef-quant scan SOURCE --out DIR makes one)")
+    if scheme == AUTO_SCHEME:
+        _one_target(max_kl, max_size_gb)
+    if scheme != AUTO_SCHEME and (scan_file is not None or max_kl is not None or max_size_gb is not None):
+        raise QuantizeError("--scan, --max-kl and --max-size-gb go with --scheme auto")
+
+
+def _one_target(max_kl: float | None, max_size: float | None) -> None:
+    if (max_kl is None) == (max_size is None):
+        raise QuantizeError("--scheme auto needs exactly one of --max-kl and --max-size-gb")
+    if max_kl is not None and max_kl < 0:
+        raise QuantizeError("--max-kl must be at least 0")
+
+
 def choose(
     scan_file: ScanFile, source_bytes: int, *, max_kl: float | None = None, max_size_bytes: int | None = None
 ) -> AutoPlan:
     """Pick a scheme per unit under exactly one target; see the module docstring for the rule."""
-    if (max_kl is None) == (max_size_bytes is None):
-        raise QuantizeError("--scheme auto needs exactly one target: --max-kl or --max-size-gb")
-    if max_kl is not None and max_kl < 0:
-        raise QuantizeError("--max-kl must be at least 0")
+    _one_target(max_kl, max_size_bytes)
+    order = (*(rung.label for rung in ladder()), BF16)
+    smallest = order[0]
     units = _units(scan_file)
-    state = {key: NVFP4 for key in units}
-    kl = sum(units[key]["kl"][NVFP4] for key in units)
-    size = source_bytes - sum(units[key]["saved"][NVFP4] for key in units)
+    state = {key: smallest for key in units}
+    kl = sum(units[key]["kl"][smallest] for key in units)
+    size = source_bytes - sum(units[key]["saved"][smallest] for key in units)
     if max_size_bytes is not None and size > max_size_bytes:
         raise QuantizeError(
-            f"even NVFP4 everywhere comes to {size / 1e9:.4f} GB; --max-size-gb {max_size_bytes / 1e9:g} is below it"
+            f"even {smallest} everywhere comes to {size / 1e9:.4f} GB; --max-size-gb {max_size_bytes / 1e9:g} is "
+            "below it"
         )
-    order = (NVFP4, FP8, BF16)
     while True:
         if max_kl is not None and kl <= max_kl:
             break
@@ -122,9 +166,10 @@ def choose(
 
 
 def _units(scan_file: ScanFile) -> dict[tuple[int, str], dict[str, Any]]:
+    rungs = ladder()
     found: dict[tuple[int, str], dict[str, Any]] = {}
     for unit in scan_file.units:
-        label = next((k for k, v in SCAN_SCHEME.items() if v == unit.scheme), None)
+        label = next((rung.label for rung in rungs if rung.name == unit.scheme), None)
         if label is None:
             continue
         entry = found.setdefault(
@@ -134,56 +179,35 @@ def _units(scan_file: ScanFile) -> dict[tuple[int, str], dict[str, Any]]:
         entry["kl"][label] = unit.kl_mean
         entry["saved"][label] = unit.bytes_saved
         entry["flips"][label] = unit.flips
-    missing = sorted({f"layer {k[0]} {k[1]}" for k, v in found.items() if set(v["kl"]) != {NVFP4, FP8, BF16}})
+    wanted = {*(rung.label for rung in rungs), BF16}
+    missing = sorted({f"layer {k[0]} {k[1]}" for k, v in found.items() if set(v["kl"]) != wanted})
     if not found or missing:
         raise QuantizeError(
-            "--scheme auto needs a scan with both nvfp4 and fp8-dynamic for every unit"
+            f"--scheme auto needs a scan with {' and '.join(rung.name for rung in rungs)} for every unit"
             + (f" (missing: {', '.join(missing[:4])})" if missing else "")
-            + "; run: clef-quant scan SOURCE --out DIR --scheme nvfp4 --scheme fp8-dynamic"
+            + "; run: clef-quant scan SOURCE --out DIR"
+            + "".join(f" --scheme {rung.name}" for rung in rungs)
         )
     return found
 
 
 def render_recipe(plan: AutoPlan, scan_path: Path, scan_file: ScanFile) -> str:
     """The mixed recipe, with one comment per unit giving its scan numbers and the choice."""
-    lines = [
-        "# clef-quant quantize --scheme auto: one scheme per decoder-layer Linear group, chosen from a sensitivity",
-        f"# scan ({scan_path.name}: {scan_file.settings.heldout} held-out records, "
-        f"{scan_file.settings.calibration_records} calibration records) under {plan.target}.",
-        f"# Predicted: KL {plan.predicted_kl:.3e} (sum of the chosen units' scan KLs), backbone "
-        f"{plan.predicted_bytes / 1e9:.4f} GB of {plan.source_bytes / 1e9:.4f} GB bf16.",
-        "# Per unit: mean KL(bf16 || unit alone quantized) over every held-out question, top-1 flips, MB saved.",
-        "# Kept bf16 always: lm_head, the vision tower, DeltaNet in_proj_a/b (see fp8_dynamic.yaml).",
-        "default_stage:",
-        "  default_modifiers:",
-        "    QuantizationModifier:",
-        "      ignore:",
-    ]
-    lines += [f"        - '{target}'" for target in KEEP_BF16]
-    for unit in plan.units:
-        if unit.choice == BF16:
-            lines.append(f"        # {_comment(unit)}")
-            lines.append(f"        - '{target_pattern(unit.layer, unit.group)}'")
-    lines.append("      scheme:")
-    for label in (NVFP4, FP8):
-        chosen = [u for u in plan.units if u.choice == label]
-        if not chosen:
-            continue
-        lines.append(f"        {label}:")
-        for unit in chosen:
-            lines.append(f"          # {_comment(unit)}")
-            lines.append(f"          - '{target_pattern(unit.layer, unit.group)}'")
-    return "\n".join(lines) + "\n"
-
-
-def _comment(unit: UnitChoice) -> str:
-    def part(label: str, name: str) -> str:
-        return (
-            f"{name} KL {unit.kl[label]:.2e} flips {unit.flips[label]}/{unit.questions} "
-            f"saves {unit.saved[label] / 1e6:.3f} MB"
-        )
-
-    return f"layer {unit.layer} {unit.group} -> {unit.choice}: {part(NVFP4, 'nvfp4')}; {part(FP8, 'fp8')}"
+    environment = recipe_environment()
+    environment.trim_blocks = environment.lstrip_blocks = True  # the template's own loops leave no blank lines
+    template = environment.from_string(shipped.recipes().joinpath(TEMPLATE).read_text(encoding="utf-8"))
+    return template.render(
+        rungs=ladder(),
+        bf16=BF16,
+        units=plan.units,
+        scan_name=scan_path.name,
+        heldout=scan_file.settings.heldout,
+        calibration_records=scan_file.settings.calibration_records,
+        target=plan.target,
+        predicted_kl=plan.predicted_kl,
+        predicted_bytes=plan.predicted_bytes,
+        source_bytes=plan.source_bytes,
+    )
 
 
 def load_auto_recipe(

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from clef_quant.devices import device_problem
 from clef_quant.documents import read_document
-from clef_quant.quantize.auto import load_auto_recipe
+from clef_quant.quantize.auto import check_auto_options, load_auto_recipe
 from clef_quant.quantize.calibration import read_request_bodies
 from clef_quant.quantize.errors import QuantizeError
-from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, load_recipe
+from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, check_recipe_choice, load_recipe
 from clef_quant.release import resolve_release
 from clef_quant.release_folder.outputs import check_output
 from clef_vllm.head_files import find_head_dir
@@ -46,6 +46,8 @@ def _refuse_replacing(out: Path, source_dir: Path) -> None:
 
 def check_inputs(config: QuantizeConfig) -> CheckedInputs:
     """Everything that can be wrong before the model loads, checked in one go (cheapest first)."""
+    check_recipe_choice(config.scheme, config.recipe_file)
+    check_auto_options(config.scheme, config.scan_file, config.max_kl, config.max_size_gb)
     out = Path(config.out).expanduser().absolute()
     local_source = Path(config.source).expanduser()
     if local_source.exists():  # before the output's own checks, whose refusal would say less
@@ -54,9 +56,7 @@ def check_inputs(config: QuantizeConfig) -> CheckedInputs:
     source_dir = resolve_release(config.source, config.revision).absolute()
     _refuse_replacing(out, source_dir)
     source_config = bf16_source_config(source_dir, "quantize")
-    if config.scheme == AUTO_SCHEME:
-        if config.scan_file is None:
-            raise QuantizeError("--scheme auto needs --scan SCAN.json (from clef-quant scan)")
+    if config.scheme == AUTO_SCHEME and config.scan_file is not None:  # checked above: auto has its scan
         recipe = load_auto_recipe(
             config.scan_file, source_dir, source_config, max_kl=config.max_kl, max_size_gb=config.max_size_gb
         )

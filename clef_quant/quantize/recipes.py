@@ -1,9 +1,10 @@
 """Recipes are data: llm-compressor recipe YAML files in `recipes/` (shipped with clef-quant), one per scheme, plus
-any user file.
+any user file. What a shipped file says about its scheme (its front matter) is read by `registry.py`.
 
 A recipe is a Jinja2 template: `{{ name }}` placeholders hold facts that differ per checkpoint (the hybrid recipe
-splits the decoder layers in two halves). They are filled from the checkpoint's `config.json` before
-llm-compressor reads the text; the filled text is what runs and what the manifest records.
+splits the decoder layers in two halves), filled from the checkpoint's `config.json` before llm-compressor reads
+the text, and `{{ keep_bf16 | yaml_list }}`, the keep-list below, which every shipped recipe's `ignore` is. The
+filled text is what runs and what the manifest records.
 """
 
 from __future__ import annotations
@@ -16,40 +17,50 @@ from typing import Any
 
 import yaml
 
-from clef_quant import shipped
+from clef_quant.quantize import registry
 from clef_quant.quantize.errors import QuantizeError
 
-# Scheme name on the command line -> recipe file in the shipped `recipes/` folder.
-SCHEMES: dict[str, str] = {
-    "fp8-dynamic": "fp8_dynamic.yaml",
-    "nvfp4": "nvfp4.yaml",
-    "nvfp4-hybrid": "nvfp4_hybrid.yaml",
-    "nvfp4a16": "nvfp4a16.yaml",
-    "nvfp4-gptq": "nvfp4_gptq.yaml",
-    "nvfp4-awq": "nvfp4_awq.yaml",
-    "nvfp4-mse": "nvfp4_mse.yaml",
-    "fp8-block": "fp8_block.yaml",
-    "w4a16": "w4a16.yaml",
-}
 CUSTOM_SCHEME = "custom"
 # Not a recipe: a per-layer mix chosen from a scan (quantize/auto.py).
 AUTO_SCHEME = "auto"
 
-# Modules that stay bf16 in every quantized release, in llm-compressor's target syntax (`re:` = re.match from
-# the start of the module name, otherwise an exact name). The recipes' ignore lists hold the same entries;
-# `clef-quant quantize` refuses a recipe that would quantize any of them and `inspect` checks the result.
-KEEP_BF16: tuple[str, ...] = (
-    "lm_head",  # the joint schema head reads its rows as lexical features
-    r"re:model\.visual\..*",  # the whole vision tower
-    r"re:.*linear_attn\.in_proj_[ab]$",  # DeltaNet gate projections (32 outputs each in clef-flash)
+
+@dataclass(frozen=True)
+class KeptBf16:
+    """Modules that stay bf16 in every quantized release, and why (in the model card's words, per module kind)."""
+
+    target: str  # llm-compressor's target syntax: `re:` = re.match from the start of the name, else an exact name
+    reasons: dict[str, str]  # module kind (schemes.module_kind) -> why it stays bf16
+
+
+# The keep-list. Every shipped recipe's `ignore` is rendered from it, `clef-quant quantize` refuses a recipe that
+# would quantize any of it, `inspect` checks the result and the card says why each kind stays bf16.
+KEEP_LIST: tuple[KeptBf16, ...] = (
+    KeptBf16("lm_head", {"lm_head": "the joint schema head reads its rows as the lexical features of every option"}),
+    KeptBf16(r"re:model\.visual\..*", {"vision": "the whole vision tower (images and videos) is kept as released"}),
+    KeptBf16(
+        r"re:.*linear_attn\.in_proj_[ab]$",
+        {
+            "linear_attn.in_proj_a": "Gated DeltaNet gate projection: very few outputs (32 in clef-flash), sets the "
+            "decay",
+            "linear_attn.in_proj_b": "Gated DeltaNet gate projection: very few outputs (32 in clef-flash), sets the "
+            "write strength",
+        },
+    ),
 )
+KEEP_BF16: tuple[str, ...] = tuple(kept.target for kept in KEEP_LIST)
+
+
+def keep_reasons() -> dict[str, str]:
+    """Why each module kind of the keep-list stays bf16."""
+    return {kind: why for kept in KEEP_LIST for kind, why in kept.reasons.items()}
 
 
 @dataclass(frozen=True)
 class Recipe:
     """A recipe ready for llm-compressor: where it came from and the filled text."""
 
-    scheme: str  # a SCHEMES key, or CUSTOM_SCHEME for a user recipe
+    scheme: str  # a registry scheme name, CUSTOM_SCHEME for a user recipe, or AUTO_SCHEME
     path: Path | Traversable  # a user file, or the shipped recipe of the scheme
     text: str
     variables: dict[str, Any]  # placeholder values used to fill it
@@ -90,41 +101,84 @@ def layer_variables(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def fill(template: str, variables: dict[str, Any]) -> str:
-    """The recipe as Jinja2 renders it with `variables`; an unknown name is an error naming it and the names there
-    are (checked before rendering, so no placeholder is ever silently left empty)."""
+def yaml_quoted(value: str) -> str:
+    """`value` as a single-quoted YAML scalar: backslashes stay as they are (regex targets), `'` doubles."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def yaml_list(values: list[str] | tuple[str, ...]) -> str:
+    """A YAML flow sequence of single-quoted scalars, for one line of a recipe (`ignore: [...]`)."""
+    return "[" + ", ".join(yaml_quoted(v) for v in values) + "]"
+
+
+def recipe_environment() -> Any:
+    """The Jinja2 environment recipes are filled in: the keep-list and the YAML quoting filters are always there."""
     import jinja2
-    from jinja2 import meta
 
     # The YAML is the template's text: kept byte for byte, final newline included, nothing HTML-escaped.
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    environment.filters["yaml_quoted"] = yaml_quoted
+    environment.filters["yaml_list"] = yaml_list
+    environment.globals["keep_bf16"] = KEEP_BF16
+    return environment
+
+
+def fill(template: str, variables: dict[str, Any]) -> str:
+    """The recipe as Jinja2 renders it with `variables` (and `keep_bf16`); an unknown name is an error naming it and
+    the names there are (checked before rendering, so no placeholder is ever silently left empty)."""
+    import jinja2
+    from jinja2 import meta
+
+    environment = recipe_environment()
     try:
         parsed = environment.parse(template)
     except jinja2.TemplateSyntaxError as exc:
         raise QuantizeError(f"recipe template error on line {exc.lineno}: {exc.message}") from None
-    unknown = sorted(meta.find_undeclared_variables(parsed) - variables.keys())
+    available = variables.keys() | environment.globals.keys()
+    unknown = sorted(meta.find_undeclared_variables(parsed) - available)
     if unknown:
         raise QuantizeError(
-            f"recipe placeholder(s) {', '.join(unknown)} unknown; available: {', '.join(sorted(variables))}"
+            f"recipe placeholder(s) {', '.join(unknown)} unknown; available: {', '.join(sorted(variables))}, keep_bf16"
         )
     return environment.from_string(parsed).render(variables)
 
 
+def scheme_choices() -> tuple[str, ...]:
+    """What `--scheme` accepts: every scheme of the registry, then auto."""
+    return (*registry.schemes().names, AUTO_SCHEME)
+
+
+def check_scheme(scheme: str) -> str:
+    """`scheme` if `--scheme` accepts it (the command line's parser and the library both ask here)."""
+    if scheme not in scheme_choices():
+        raise QuantizeError(registry.unknown_scheme(scheme, scheme_choices()))
+    return scheme
+
+
+def check_recipe_choice(scheme: str | None, recipe_file: Path | None) -> None:
+    """A quantize run names a scheme or a recipe file, and a scheme it names exists."""
+    if scheme is None and recipe_file is None:
+        raise QuantizeError(f"give --scheme or --recipe; --scheme is one of {', '.join(scheme_choices())}")
+    if scheme is not None:
+        check_scheme(scheme)
+
+
 def scheme_recipe_path(scheme: str) -> Traversable:
-    if scheme not in SCHEMES:
-        raise QuantizeError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
-    return shipped.recipes().joinpath(SCHEMES[scheme])
+    """The shipped recipe file of a scheme."""
+    return registry.schemes().recipe_path(scheme)
 
 
 def load_recipe(scheme: str | None, recipe_file: Path | None, config: dict[str, Any]) -> Recipe:
-    """The recipe for a scheme (or a user file, which wins), filled for this checkpoint and checked as YAML."""
-    if scheme is None and recipe_file is None:
-        raise QuantizeError("give --scheme or --recipe")
-    if scheme is not None and scheme not in SCHEMES:
-        raise QuantizeError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+    """The recipe for a scheme (or a user file, which wins), filled for this checkpoint and checked as YAML.
+
+    A file's front matter (a first YAML document under `clef:`, as the shipped recipes have) is not part of the
+    recipe: it is left out of what llm-compressor reads and what the manifest records."""
+    check_recipe_choice(scheme, recipe_file)
+    if scheme == AUTO_SCHEME and recipe_file is None:
+        raise QuantizeError("--scheme auto is planned from a scan, not read from a recipe file")
     path: Path | Traversable = Path(recipe_file) if recipe_file is not None else scheme_recipe_path(scheme or "")
     try:
-        template = path.read_text(encoding="utf-8")
+        _, template = registry.split_front_matter(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise QuantizeError(f"cannot read recipe {path}: {exc.strerror}") from None
     variables = layer_variables(config)

@@ -9,10 +9,10 @@ at the root, tokenizer, processor, chat template, generation config, licences, t
 `joint_schema_model.py`) and nothing else, without `auto_map` keys; write the manifest last; then every file is set
 to 0644 and `DIR.partial` renamed to `DIR`.
 
-Data-free schemes (`streaming.STREAMING_DEFAULT_SCHEMES`, or any data-free recipe with `streaming=True`) take
-the streaming path instead of loading, calibrating and saving: the same plan made on the meta device, then the
-backbone quantized shard by shard (`streaming`), each shard hashed once written. Everything after the
-backbone (copy, manifest, publish) is the same for both paths.
+Data-free schemes (`streaming: true` in their recipe's front matter, or any data-free recipe with
+`streaming=True`) take the streaming path instead of loading, calibrating and saving: the same plan made on the
+meta device, then the backbone quantized shard by shard (`streaming`), each shard hashed once written. Everything
+after the backbone (copy, manifest, publish) is the same for both paths.
 
 The output is written through `release_folder.staged_folder`: any failure, Ctrl-C or SIGTERM removes
 `DIR.partial`, so an interrupted run leaves neither folder, and a `.partial` another live run writes is never
@@ -33,6 +33,7 @@ from typing import Any
 
 from clef_quant.formatting import utc_timestamp
 from clef_quant.progress import NoProgress, Progress
+from clef_quant.quantize import registry
 from clef_quant.quantize import task_names as tasks
 from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN, CalibrationSummary, as_dataloader, build_calibration
 from clef_quant.quantize.compress import load_model, run_oneshot
@@ -44,7 +45,6 @@ from clef_quant.quantize.plan import QuantPlan, parse_recipe, plan_quantization,
 from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe
 from clef_quant.quantize.release_files import backbone_bytes, copy_release_files
 from clef_quant.quantize.streaming import (
-    STREAMING_DEFAULT_SCHEMES,
     NotStreamable,
     StreamingPlan,
     plan_streaming,
@@ -276,7 +276,7 @@ def _streaming_plan(job: _Job, recipe_obj: Any, notes: list[str]) -> StreamingPl
     """The streaming plan when this run streams (`streaming` asked, or by default for the schemes where it is
     exact), else None; `--streaming` on a recipe that cannot stream exactly is an error saying why."""
     wanted = job.config.streaming
-    if wanted is False or (wanted is None and job.recipe.scheme not in STREAMING_DEFAULT_SCHEMES):
+    if wanted is False or (wanted is None and job.recipe.scheme not in registry.schemes().streaming_default()):
         return None
     try:
         return plan_streaming(job.source_dir, job.source_config, recipe_obj)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.progress import NoProgress, Progress
+from clef_quant.quantize import registry
 from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, DEFAULT_MAX_SEQ_LEN, draw, read_calibration_file
 from clef_quant.quantize.compress import decoder_layers_path, load_model, run_oneshot
 from clef_quant.quantize.errors import QuantizeError
@@ -52,10 +53,10 @@ from clef_quant.quantize.scan_report import write_reports
 from clef_quant.release import resolve_release
 from clef_quant.release_folder.outputs import check_output_folder
 
-# Recipes whose modifiers change nothing but Linear weights and their quantization parameters: a unit can be
-# switched on alone. AWQ also rescales norms, and the hybrid is already a mix.
-SCANNABLE = ("nvfp4", "fp8-dynamic", "nvfp4-gptq", "nvfp4-mse", "nvfp4a16", "fp8-block", "w4a16")
-DEFAULT_SCHEMES = ("nvfp4", "fp8-dynamic")
+# The candidates are the schemes whose front matter has `scan:` (registry.py): those whose modifiers change
+# nothing but Linear weights and their quantization parameters, so a unit can be switched on alone (AWQ also
+# rescales norms, and the hybrid is already a mix). Without --scheme, the `scan: {default: true}` ones, what auto
+# needs.
 DEFAULT_HELDOUT = 8
 DEFAULT_CALIBRATION_RECORDS = 32
 BATCH = 4
@@ -68,7 +69,7 @@ TASK_UNITS = "scanning units"
 class ScanConfig:
     source: str
     out: Path
-    schemes: tuple[str, ...] = DEFAULT_SCHEMES
+    schemes: tuple[str, ...] = field(default_factory=lambda: registry.schemes().default_scan())
     calibration_file: Path | None = None
     calibration_records: int = DEFAULT_CALIBRATION_RECORDS
     heldout: int = DEFAULT_HELDOUT
@@ -138,12 +139,10 @@ def _is_linear(layer_types: list[str], layer: int) -> bool:
 
 def _check(config: ScanConfig) -> tuple[Path, dict[str, Any], list[dict], list[dict], ScanSettings]:
     check_output_folder(Path(config.out))
-    bad = [s for s in config.schemes if s not in SCANNABLE]
+    scannable = registry.schemes().scannable()
+    bad = [s for s in config.schemes if s not in scannable]
     if bad:
-        raise QuantizeError(
-            f"cannot scan scheme(s) {', '.join(bad)}; choose from {', '.join(SCANNABLE)} "
-            "(AWQ rescales norms and the hybrid is already a mix, so their units cannot be switched on alone)"
-        )
+        raise QuantizeError(f"cannot scan {', '.join(bad)}; choose one of {', '.join(scannable)}")
     if not config.schemes:
         raise QuantizeError("give at least one --scheme to scan")
     if config.heldout < 1:

@@ -34,7 +34,7 @@ class UnitResult(BaseModel):
 
     layer: int
     group: str
-    scheme: str  # a SCHEMES key
+    scheme: str  # a scheme name of the registry (registry.py)
     modules: list[str]
     params: int
     bf16_bytes: int

@@ -37,9 +37,9 @@ from clef_quant.quantize.plan import QuantPlan, plan_quantization, recipe_needs_
 from clef_quant.quantize.schemes import BF16, scheme_label
 from clef_quant.quantize.shard_writer import HashingShardWriter
 
-# Schemes that take the streaming path unless --no-streaming: the ones whose output is bit-identical to the
-# oneshot path's (tests/test_quantize_streaming.py checks each on the tiny and small checkpoints).
-STREAMING_DEFAULT_SCHEMES = ("fp8-dynamic", "fp8-block", "nvfp4a16")
+# The schemes that take the streaming path unless --no-streaming are those whose front matter says
+# `streaming: true` (registry.py): the ones whose output is bit-identical to the oneshot path's
+# (tests/test_quantize_streaming.py checks each on the tiny and small checkpoints).
 
 SINGLE_SHARD = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
