@@ -289,13 +289,31 @@ def throughput_report(tmp_path: Path, measured: str | None = None) -> Path:
     the folder of fingerprint `measured` (None: a report from before rows named their files)."""
     from clef_quant.throughput_report import ThroughputResult, ThroughputRow, write_report
 
+    counts = {"records": 8, "tokens": 4000}
     rows = (
-        ThroughputRow("bf16 reference", "transformers", "tiny", 8, 4000, 4.0, 1.0, "0" * 64),
-        ThroughputRow("plugin FP8_DYNAMIC", "vLLM plugin", "tiny-FP8_DYNAMIC", 8, 4000, 0.5, 3.0, measured),
+        ThroughputRow(
+            side="bf16 reference",
+            runner="transformers",
+            folder="tiny",
+            **counts,
+            seconds=4.0,
+            load_seconds=1.0,
+            sha256="0" * 64,
+        ),
+        ThroughputRow(
+            side="plugin FP8_DYNAMIC",
+            runner="vLLM plugin",
+            folder="tiny-FP8_DYNAMIC",
+            **counts,
+            seconds=0.5,
+            load_seconds=3.0,
+            sha256=measured,
+        ),
     )
     report = ThroughputResult(
-        "test machine", "2026-01-01 00:00 UTC", "0.0", {}, "data", 8, 4000, 8, 4096, "cpu", {}, rows
-    )
+        machine="test machine", date="2026-01-01 00:00 UTC", load="0.0", versions={}, source="data", **counts,
+        batch_size=8, max_model_len=4096, device="cpu", engine={}, rows=rows,
+    )  # fmt: skip
     markdown, _ = write_report(report, "clef-quant bench throughput ...", tmp_path / "throughput-test.md")
     return markdown
 
