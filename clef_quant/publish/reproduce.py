@@ -59,7 +59,7 @@ def _join(*words: Any) -> str:
 
 def _build_data(results: EvalResults) -> str:
     summary = results.data_summary
-    words: list[Any] = ["clef-quant", "build-data", "--out", (results.raw.get("data") or {}).get("folder") or "data"]
+    words: list[Any] = ["clef-quant", "build-data", "--out", results.results.file.data.folder or "data"]
     if summary.get("source") and summary["source"] != HUB:
         # The shipped fixtures are recorded by their repository path; `fixtures` names them wherever clef-quant runs.
         shipped_fixtures = summary["source"] == shipped.display(shipped.fixtures())
@@ -107,18 +107,19 @@ def _quantize(manifest: Manifest, source_id: str, revision: str | None, out: str
 
 
 def _evaluate(results: EvalResults, out: Path) -> str:
-    config = results.raw.get("config") or {}
-    words: list[Any] = ["clef-quant", "eval", "--reference", config.get("reference") or results.reference.folder]
-    for candidate in config.get("candidates") or [side.folder for side in results.candidates]:
+    written = results.results.file
+    config = written.config
+    words: list[Any] = ["clef-quant", "eval", "--reference", config.reference or results.reference.folder]
+    for candidate in config.candidates or [side.folder for side in results.candidates]:
         words += ["--candidate", candidate]
-    words += ["--data", (results.raw.get("data") or {}).get("folder") or "data", "--out", out]
-    if config.get("max_model_len"):
-        words += ["--max-model-len", config["max_model_len"]]
-    if (config.get("batch_size") or DEFAULT_BATCH_SIZE) != DEFAULT_BATCH_SIZE:
-        words += ["--batch-size", config["batch_size"]]
-    if (config.get("reference_device") or DEFAULT_DEVICE) != DEFAULT_DEVICE:
-        words += ["--device", config["reference_device"]]
-    engine = config.get("engine") or {}
+    words += ["--data", written.data.folder or "data", "--out", out]
+    if config.max_model_len:
+        words += ["--max-model-len", config.max_model_len]
+    if (config.batch_size or DEFAULT_BATCH_SIZE) != DEFAULT_BATCH_SIZE:
+        words += ["--batch-size", config.batch_size]
+    if (config.reference_device or DEFAULT_DEVICE) != DEFAULT_DEVICE:
+        words += ["--device", config.reference_device]
+    engine = config.engine
     if str(engine.get("enforce_eager")) == "True":
         words.append("--eager")
     if str(engine.get("batch_invariant")) == "False":

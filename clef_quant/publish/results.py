@@ -21,7 +21,7 @@ from clef_quant import shipped
 from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.frames import probabilities_frame, values_frame
 from clef_quant.evaluation.metrics import METRIC_BY_NAME, QUALITY_METRICS, SPEED_METRICS, format_value
-from clef_quant.evaluation.results import ALL, RESULTS_JSON, Results, ResultSide, ResultTask
+from clef_quant.evaluation.results import ALL, RESULTS_JSON, MetricEntry, Results, ResultSide, ResultTask
 from clef_quant.evaluation.results import read_results as read_eval_results
 from clef_quant.evaluation.tables import side_groups_table, sides_table
 from clef_quant.publish.errors import PublishError
@@ -60,7 +60,7 @@ class EvalResults:
         return self.results.tasks
 
     @property
-    def metrics(self) -> tuple[dict[str, Any], ...]:
+    def metrics(self) -> tuple[MetricEntry, ...]:
         return self.results.metrics
 
     @property
