@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from clef_quant.documents import read_document, validated
-from clef_quant.formatting import facts_table
+from clef_quant.formatting import facts_table, markdown_table
 from clef_vllm.errors import ClefError
 
 REPORT_FORMAT = "clef-quant-bench-throughput/1"
@@ -91,16 +91,15 @@ def report_facts(result: ThroughputResult, command: str) -> dict[str, str]:
 def results_table(result: ThroughputResult) -> str:
     """One row per side: records/s and tokens/s, and records/s relative to the first row (the reference)."""
     reference = result.rows[0]
-    lines = [
-        "| side | runs through | folder | records/s | tokens/s | vs reference | seconds | load / start s |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for row in result.rows:
-        lines.append(
-            f"| {row.side} | {row.runner} | `{row.folder}` | {row.records_per_s:.2f} | {row.tokens_per_s:.0f} | "
-            f"{row.records_per_s / reference.records_per_s:.2f}x | {row.seconds:.2f} | {row.load_seconds:.1f} |"
-        )
-    return "\n".join(lines)
+    header = ["side", "runs through", "folder", "records/s", "tokens/s", "vs reference", "seconds", "load / start s"]
+    rows = [
+        [
+            row.side, row.runner, f"`{row.folder}`", f"{row.records_per_s:.2f}", f"{row.tokens_per_s:.0f}",
+            f"{row.records_per_s / reference.records_per_s:.2f}x", f"{row.seconds:.2f}", f"{row.load_seconds:.1f}",
+        ]
+        for row in result.rows
+    ]  # fmt: skip
+    return markdown_table(header, rows, "lllrrrrr")
 
 
 def render_markdown(result: ThroughputResult, command: str) -> str:
