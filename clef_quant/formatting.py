@@ -1,4 +1,4 @@
-"""How numbers and lists of problems read in messages, tables and cards: written once so they read alike.
+"""How numbers, lists of problems and tables read in messages, reports and cards: written once so they read alike.
 
 Sizes on disk and in memory use binary units (`1.5 GiB`) where they are compared with memory; sizes that
 report what a build wrote use decimal units (`19.0 GB`), as file managers and the Hub show them.
@@ -6,7 +6,7 @@ report what a build wrote use decimal units (`19.0 GB`), as file managers and th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
 _BINARY_UNITS = ("KiB", "MiB", "GiB")
@@ -66,6 +66,23 @@ def utc_timestamp() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]], align: str = "") -> str:
+    """A pipe table of every report and card, cells as given (a `|` inside one is the caller's to escape).
+
+    `align` has a letter per column, `l` left or `r` right; by default the first column is text and the others
+    numbers (`lrr...`)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    if len(align) != len(header) or set(align) - {"l", "r"}:
+        raise ValueError(f"align {align!r} does not give l or r for each of {len(header)} columns")
+    rule = "|" + "".join("---|" if side == "l" else "---:|" for side in align)
+    return "\n".join([_table_row(header), rule, *(_table_row(row) for row in rows)])
+
+
+def _table_row(cells: Sequence[object]) -> str:
+    # An empty cell is one space wide, so a blank header reads `| | |`.
+    return "|" + "|".join(f" {cell} " if str(cell) else " " for cell in cells) + "|"
+
+
 def facts_table(title: str, facts: dict[str, str]) -> list[str]:
     """The lines that open a report: its title, then one row per fact (machine, date, versions, command...)."""
-    return [f"# {title}", "", "| | |", "|---|---|", *(f"| {key} | {value} |" for key, value in facts.items())]
+    return [f"# {title}", "", *markdown_table(("", ""), facts.items(), "ll").splitlines()]

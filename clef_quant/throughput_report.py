@@ -9,20 +9,23 @@ functions the markdown is made of, so a card and the report it shows cannot disa
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from clef_quant.documents import read_document
-from clef_quant.formatting import facts_table
+from pydantic import BaseModel, ConfigDict, computed_field
+
+from clef_quant.documents import read_document, validated
+from clef_quant.formatting import facts_table, markdown_table
 from clef_vllm.errors import ClefError
 
 REPORT_FORMAT = "clef-quant-bench-throughput/1"
 REPORT_TITLE = "Throughput: transformers reference vs the vLLM plugin (bf16, FP8, NVFP4)"
 
 
-@dataclass(frozen=True)
-class ThroughputRow:
+class ThroughputRow(BaseModel):
+    # The rates a report's JSON carries beside each row are derived, so reading recomputes them (`ignore`).
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
     side: str
     runner: str  # "transformers" or "vLLM plugin"
     folder: str
@@ -34,17 +37,22 @@ class ThroughputRow:
     # measured. None in reports written before it was recorded.
     sha256: str | None = None
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def records_per_s(self) -> float:
         return self.records / self.seconds
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds
 
 
-@dataclass(frozen=True)
-class ThroughputResult:
+class ThroughputResult(BaseModel):
+    """Every number of a report; its JSON is this, with the format and the command that made it in front."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     machine: str
     date: str
     load: str
@@ -83,16 +91,15 @@ def report_facts(result: ThroughputResult, command: str) -> dict[str, str]:
 def results_table(result: ThroughputResult) -> str:
     """One row per side: records/s and tokens/s, and records/s relative to the first row (the reference)."""
     reference = result.rows[0]
-    lines = [
-        "| side | runs through | folder | records/s | tokens/s | vs reference | seconds | load / start s |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for row in result.rows:
-        lines.append(
-            f"| {row.side} | {row.runner} | `{row.folder}` | {row.records_per_s:.2f} | {row.tokens_per_s:.0f} | "
-            f"{row.records_per_s / reference.records_per_s:.2f}x | {row.seconds:.2f} | {row.load_seconds:.1f} |"
-        )
-    return "\n".join(lines)
+    header = ["side", "runs through", "folder", "records/s", "tokens/s", "vs reference", "seconds", "load / start s"]
+    rows = [
+        [
+            row.side, row.runner, f"`{row.folder}`", f"{row.records_per_s:.2f}", f"{row.tokens_per_s:.0f}",
+            f"{row.records_per_s / reference.records_per_s:.2f}x", f"{row.seconds:.2f}", f"{row.load_seconds:.1f}",
+        ]
+        for row in result.rows
+    ]  # fmt: skip
+    return markdown_table(header, rows, "lllrrrrr")
 
 
 def render_markdown(result: ThroughputResult, command: str) -> str:
@@ -102,10 +109,7 @@ def render_markdown(result: ThroughputResult, command: str) -> str:
 
 def render_json(result: ThroughputResult, command: str) -> str:
     """Every number of the report; rows also carry their derived rates, for readers that do not recompute them."""
-    data: dict[str, Any] = {"format": REPORT_FORMAT, "command": command, **asdict(result)}
-    data["rows"] = [
-        {**asdict(row), "records_per_s": row.records_per_s, "tokens_per_s": row.tokens_per_s} for row in result.rows
-    ]
+    data = {"format": REPORT_FORMAT, "command": command, **result.model_dump(mode="json")}
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
@@ -130,20 +134,8 @@ def read_report(path: Path) -> tuple[ThroughputResult, str]:
     if not isinstance(data, dict) or data.get("format") != REPORT_FORMAT:
         found = data.get("format") if isinstance(data, dict) else None
         raise ClefError(f"{path} has format {found!r}; a throughput report's JSON has {REPORT_FORMAT}")
-    row_fields = [f.name for f in fields(ThroughputRow) if f.default is MISSING]
-    optional_fields = [f.name for f in fields(ThroughputRow) if f.default is not MISSING]
-    result_fields = [f.name for f in fields(ThroughputResult) if f.name != "rows"]
-    try:
-        rows = tuple(
-            ThroughputRow(
-                **{name: row[name] for name in row_fields},
-                **{name: row[name] for name in optional_fields if name in row},
-            )
-            for row in data["rows"]
-        )
-        result = ThroughputResult(**{name: data[name] for name in result_fields}, rows=rows)
-    except (KeyError, TypeError) as exc:
-        raise ClefError(f"{path} lacks a field of a throughput report: {exc}") from None
-    if not rows:
+    numbers = {key: value for key, value in data.items() if key not in ("format", "command")}
+    result = validated(ThroughputResult, numbers, error=ClefError, prefix=f"{path} is not a throughput report")
+    if not result.rows:
         raise ClefError(f"{path} has no rows")
     return result, str(data.get("command") or "")

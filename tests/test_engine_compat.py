@@ -182,7 +182,9 @@ def test_card_facts_read_both_layouts(quantized_dir, tmp_path: Path) -> None:
     legacy = legacy_copy(root, tmp_path / "legacy")
     facts = {}
     for name, folder in (("root", root), ("legacy", legacy)):
-        files = read_manifest(folder)["files"]
+        manifest = read_manifest(folder)
+        assert manifest is not None
+        files = manifest.files
         kinds = {file: folder_facts.file_kind(file) for file in files if "joint_head" in file}
         facts[name] = (folder_facts.head_summary(folder), folder_facts.head_bytes(files), sorted(kinds.values()))
         assert folder_facts.backbone_bytes(files) == (folder / "model.safetensors").stat().st_size

@@ -35,11 +35,11 @@ from clef_quant.evaluation.results import ALL
 from clef_quant.evaluation.runner import run_eval
 from clef_quant.publish.card import EXAMPLE_REQUEST, REQUIRED_FRONT_MATTER
 from clef_quant.publish.errors import PublishError
-from clef_quant.publish.folder import CARD_SECTION, tree_files
+from clef_quant.publish.folder import tree_files
 from clef_quant.publish.provenance import resolve_base_model, resolve_license
 from clef_quant.publish.provenance import source_front_matter as read_source_front_matter
 from clef_quant.quantize.inspect import inspect_checkpoint
-from clef_quant.release_folder.manifest import MANIFEST_FILE, read_manifest
+from clef_quant.release_folder.manifest import MANIFEST_FILE, CardEntry, Manifest, read_manifest
 from clef_quant.release_folder.writer import OWNER_FILE, Writer, boot_id, process_start_ticks
 from clef_vllm.request import parse_request
 from tests.hub_server import AGENT_REGISTRY, LocalHub
@@ -115,6 +115,18 @@ def results_dir(tiny_dir: Path, quantized_dir: Any, clef_engine: Any, tmp_path_f
     run = run_eval(config, engines=SharedEngines(clef_engine, config.max_model_len))
     write_results(run.results, config.out)
     return config.out
+
+
+def manifest_of(folder: Path) -> Manifest:
+    manifest = read_manifest(folder)
+    assert manifest is not None, f"{folder} has no {MANIFEST_FILE}"
+    return manifest
+
+
+def card_section(folder: Path) -> CardEntry:
+    card = manifest_of(folder).card
+    assert card is not None, f"{folder}'s manifest has no card section"
+    return card
 
 
 def fresh_copy(quantized_dir: Any, tmp_path: Path, name: str = "tiny-FP8_DYNAMIC") -> Path:
@@ -277,13 +289,31 @@ def throughput_report(tmp_path: Path, measured: str | None = None) -> Path:
     the folder of fingerprint `measured` (None: a report from before rows named their files)."""
     from clef_quant.throughput_report import ThroughputResult, ThroughputRow, write_report
 
+    counts = {"records": 8, "tokens": 4000}
     rows = (
-        ThroughputRow("bf16 reference", "transformers", "tiny", 8, 4000, 4.0, 1.0, "0" * 64),
-        ThroughputRow("plugin FP8_DYNAMIC", "vLLM plugin", "tiny-FP8_DYNAMIC", 8, 4000, 0.5, 3.0, measured),
+        ThroughputRow(
+            side="bf16 reference",
+            runner="transformers",
+            folder="tiny",
+            **counts,
+            seconds=4.0,
+            load_seconds=1.0,
+            sha256="0" * 64,
+        ),
+        ThroughputRow(
+            side="plugin FP8_DYNAMIC",
+            runner="vLLM plugin",
+            folder="tiny-FP8_DYNAMIC",
+            **counts,
+            seconds=0.5,
+            load_seconds=3.0,
+            sha256=measured,
+        ),
     )
     report = ThroughputResult(
-        "test machine", "2026-01-01 00:00 UTC", "0.0", {}, "data", 8, 4000, 8, 4096, "cpu", {}, rows
-    )
+        machine="test machine", date="2026-01-01 00:00 UTC", load="0.0", versions={}, source="data", **counts,
+        batch_size=8, max_model_len=4096, device="cpu", engine={}, rows=rows,
+    )  # fmt: skip
     markdown, _ = write_report(report, "clef-quant bench throughput ...", tmp_path / "throughput-test.md")
     return markdown
 
@@ -300,7 +330,7 @@ def test_card_shows_a_throughput_report(quantized_dir: Any, results_dir: Path, t
     table = next(t for t in tables(markdown.read_text()) if "records/s" in t)
     assert table in throughput and "machine: test machine" in throughput
     assert '"plugin FP8_DYNAMIC" row measured these very files' in throughput
-    assert (read_manifest(folder) or {})[CARD_SECTION]["throughput"] == str(path)
+    assert card_section(folder).throughput == str(path)
 
 
 @pytest.mark.slow
@@ -319,7 +349,7 @@ def test_card_shows_no_throughput_of_other_folders(
     assert "No throughput was measured for this release" in throughput and '"tiny-FP8_DYNAMIC"' in throughput
     assert "records/s" not in throughput and "test machine" not in card
     assert "bench throughput ..." not in section(card, "Reproduce")
-    assert (read_manifest(folder) or {})[CARD_SECTION]["throughput"] is None
+    assert card_section(folder).throughput is None
 
 
 @pytest.mark.slow
@@ -381,21 +411,21 @@ def test_card_states_what_inspect_reads(carded: Path) -> None:
         m.kind for m in report.modules if m.scheme == "bf16"
     }
     files = card.split("## Files")[1].split("## Limits")[0]
-    for name in (read_manifest(carded) or {})["files"]:
+    for name in manifest_of(carded).files:
         top = name.split("/", 1)[0]
         assert f"`{name}`" in files or f"`{top}/ (" in files, name
 
 
 @pytest.mark.slow
 def test_card_files_join_the_manifest_and_inspect_passes(carded: Path) -> None:
-    manifest = read_manifest(carded) or {}
-    section = manifest[CARD_SECTION]
-    added = set(section["files"])
+    manifest = manifest_of(carded)
+    section = card_section(carded)
+    added = set(section.files)
     assert {"README.md", *PLOTS} <= added
     assert {f"vllm_plugin/{n}" for n in tree_files(REPO / "vllm_plugin")} <= added
     assert {n for n in added if n.startswith("scripts/")} == {"scripts/patch_torchvision.py"}
     assert not any("__pycache__" in n or ".egg-info" in n or n.endswith(".pyc") for n in added)
-    assert added <= set(manifest["files"]) and section["repo_id"] == REPO_ID
+    assert added <= set(manifest.files) and section.repo_id == REPO_ID
     assert [p.name for p in carded.parent.iterdir()] == [carded.name]  # the staging folder is gone
     report = inspect_checkpoint(carded)
     assert report.ok, report.violations
@@ -440,7 +470,7 @@ def test_card_keeps_the_eval_fingerprint_of_the_folder(quantized_dir: Any, carde
     before = folder_fingerprint(quantized_dir("fp8-dynamic")).sha256
     # Results (and stored probabilities) of the uncarded folder still match the carded one.
     assert folder_fingerprint(carded).sha256 == before
-    assert manifest_fingerprint(read_manifest(carded) or {}) == before
+    assert manifest_fingerprint(manifest_of(carded)) == before
 
 
 @pytest.mark.slow
@@ -465,9 +495,21 @@ def test_card_refuses_results_of_another_folder(quantized_dir: Any, results_dir:
 # -- provenance (pure) ---------------------------------------------------------------------------------------
 
 
+def manifest_with(**sections: Any) -> Manifest:
+    """A valid manifest holding `sections`, and of everything else the least a manifest has."""
+    least = {"format": "clef-quant-manifest/1", "source": {}, "scheme": "fp8-dynamic", "recipe": {}, "tools": {}}
+    return Manifest.model_validate({**least, "calibration": {}, "run": {}, "files": {}, **sections})
+
+
+def quantize_command(manifest: Manifest) -> str:
+    from clef_quant.publish.reproduce import _quantize
+
+    return _quantize(manifest, manifest.source.id, manifest.source.revision, "out")
+
+
 def test_license_comes_from_the_source_card(tmp_path: Path) -> None:
     (tmp_path / "README.md").write_text("---\nlicense: other\nlicense_name: clef\nlicense_link: LICENSE\n---\n# x\n")
-    manifest = {"source": {"id": str(tmp_path), "local": True}}
+    manifest = manifest_with(source={"id": str(tmp_path), "local": True})
     found = resolve_license(manifest, None, read_source_front_matter(manifest))
     assert found == {"license": "other", "license_name": "clef", "license_link": "LICENSE"}
     assert resolve_license(manifest, "mit", {}) == {"license": "mit"}
@@ -478,7 +520,7 @@ def test_license_comes_from_the_source_card(tmp_path: Path) -> None:
 def test_license_comes_from_the_source_card_quantize_carried(tmp_path: Path) -> None:
     """The source folder may be gone by the time `card` runs; its card travelled as source_card.md."""
     (tmp_path / "source_card.md").write_text("---\nlicense: apache-2.0\n---\n# x\n")
-    manifest = {"source": {"id": str(tmp_path / "moved-away"), "local": True}}
+    manifest = manifest_with(source={"id": str(tmp_path / "moved-away"), "local": True})
     assert read_source_front_matter(manifest) == {}
     found = resolve_license(manifest, None, read_source_front_matter(manifest, tmp_path))
     assert found == {"license": "apache-2.0"}
@@ -486,12 +528,63 @@ def test_license_comes_from_the_source_card_quantize_carried(tmp_path: Path) -> 
 
 def test_base_model_comes_from_the_manifest_source() -> None:
     commit = "a" * 40
-    hub = {"source": {"id": "Cloudflare/clef-flash", "revision": commit, "local": False}}
+    hub = manifest_with(source={"id": "Cloudflare/clef-flash", "revision": commit, "local": False})
     assert resolve_base_model(hub, None) == ("Cloudflare/clef-flash", commit)
-    cached = {"source": {"id": f"/c/hub/models--Cloudflare--clef-flash/snapshots/{commit}", "local": True}}
+    cached = manifest_with(source={"id": f"/c/hub/models--Cloudflare--clef-flash/snapshots/{commit}", "local": True})
     assert resolve_base_model(cached, None) == ("Cloudflare/clef-flash", commit)
     with pytest.raises(PublishError, match="pass --base-model"):
-        resolve_base_model({"source": {"id": "artifacts/tiny", "local": True}}, None)
+        resolve_base_model(manifest_with(source={"id": "artifacts/tiny", "local": True}), None)
+
+
+def shipped_recipe(scheme: str) -> str:
+    from clef_quant import shipped
+    from clef_quant.quantize.recipes import SCHEMES
+
+    return str(shipped.recipes().joinpath(SCHEMES[scheme]))
+
+
+@pytest.mark.parametrize(
+    ("recipe", "words"),
+    [
+        # Written before `shipped` was recorded: the path says whether the recipe was a --scheme's own.
+        ({"file": "<shipped fp8-dynamic>", "text": "x"}, "--scheme fp8-dynamic"),
+        ({"file": "my/recipe.yaml", "text": "x"}, "--recipe my/recipe.yaml"),
+        # Recorded: a shipped file given as --recipe (the scheme then reads `custom`) is rebuilt with --recipe.
+        ({"file": "<shipped fp8-dynamic>", "text": "x", "shipped": False}, "--recipe <shipped fp8-dynamic>"),
+        ({"file": "<shipped fp8-dynamic>", "text": "x", "shipped": True}, "--scheme fp8-dynamic"),
+    ],
+)
+def test_reproduce_tells_a_shipped_recipe_from_a_recipe_file(recipe: dict[str, Any], words: str) -> None:
+    path = shipped_recipe("fp8-dynamic")
+    recipe = {**recipe, "file": recipe["file"].replace("<shipped fp8-dynamic>", path)}
+    manifest = manifest_with(source={"id": "acme/model", "local": False}, recipe=recipe)
+    assert f" {words.replace('<shipped fp8-dynamic>', path)} " in quantize_command(manifest)
+
+
+def test_a_manifest_reads_back_as_the_file_it_was(tmp_path: Path) -> None:
+    """A manifest written by an older clef-quant (no `included`, no `shipped`, a section of another tool, integer
+    seconds) is read, and written back byte for byte; `card` adds its section and changes nothing else."""
+    from clef_quant.release_folder.manifest import write_manifest
+
+    old = {
+        "format": "clef-quant-manifest/1",
+        "source": {"id": "acme/model", "revision": "b" * 40, "local": False},
+        "scheme": "fp8-dynamic",
+        "recipe": {"file": shipped_recipe("fp8-dynamic"), "text": "stage: {}\n", "variables": {"layers": 2}},
+        "tools": {"clef-quant": "0.1.0", "torch": None},
+        "calibration": {"source": None, "sha256": None, "records": 0, "tokens": 0, "max_seq_len": 2048},
+        "run": {"device": "cpu", "seconds": {"total": 3, "copy": 0.25}, "peak_gpu_bytes": None},
+        "files": {"config.json": {"sha256": "c" * 64, "size": 2}},
+        "notes": {"written by": "another tool"},
+    }
+    (tmp_path / MANIFEST_FILE).write_text(json.dumps(old, indent=2, ensure_ascii=False) + "\n")
+    before = (tmp_path / MANIFEST_FILE).read_bytes()
+    manifest = manifest_of(tmp_path)
+    assert manifest.recipe.is_shipped() and manifest.run.seconds["total"] == 3 and manifest.card is None
+    write_manifest(tmp_path, manifest)
+    assert (tmp_path / MANIFEST_FILE).read_bytes() == before
+    card = {"repo_id": "acme/model-FP8_DYNAMIC", "files": []}
+    assert manifest.with_card(manifest.files, card).to_json() == {**old, "card": card}
 
 
 def test_quickstart_request_is_a_valid_systemone_request() -> None:
@@ -525,7 +618,7 @@ def test_calibration_line_says_what_calibration_saw(calibration: dict[str, Any] 
 
 
 def expected_files(folder: Path) -> list[str]:
-    return sorted([*(read_manifest(folder) or {})["files"], MANIFEST_FILE])
+    return sorted([*manifest_of(folder).files, MANIFEST_FILE])
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clef_quant.bench.timing import PROFILED_RUNS, SETTLE_S
-from clef_quant.formatting import facts_table
+from clef_quant.formatting import facts_table, markdown_table
 from clef_vllm.head_files import HeadConfig
 
 
@@ -110,7 +110,7 @@ def render_markdown(result: HeadBenchResult, command: str) -> str:
     ]
     if with_ref:
         header += ["diff vectorized-fp32", "diff fast-fp32"]
-    lines += ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    rows = []
     for row in result.rows:
         cells = [
             row.shape,
@@ -128,7 +128,8 @@ def render_markdown(result: HeadBenchResult, command: str) -> str:
         ]
         if with_ref:
             cells += [f"{row.vectorized_ref_diff:.2e}", f"{row.fast_ref_diff:.2e}"]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
+    lines.append(markdown_table(header, rows))
     if with_ref:
         lines += [
             "",
@@ -143,9 +144,11 @@ def render_markdown(result: HeadBenchResult, command: str) -> str:
             f"A pooler step: {step.records} fresh records of {result.tokens} tokens (the shapes above in turn), "
             "one head call each, the device synchronized once at the end:",
             "",
-            "| records | vectorized ms | fast ms |",
-            "|---:|---:|---:|",
-            f"| {step.records} | {step.vectorized_ms:.2f} | {step.fast_ms:.2f} |",
+            markdown_table(
+                ["records", "vectorized ms", "fast ms"],
+                [[step.records, f"{step.vectorized_ms:.2f}", f"{step.fast_ms:.2f}"]],
+                "rrr",
+            ),
         ]
     return "\n".join(lines) + "\n"
 

@@ -26,7 +26,7 @@ import httpx
 
 from clef_quant.bench.environment import load_average
 from clef_quant.bench.processes import free_port, running, systemone_command
-from clef_quant.formatting import facts_table, utc_minute
+from clef_quant.formatting import facts_table, markdown_table, utc_minute
 from clef_quant.progress import Progress, Stages
 
 HEADING = "Small requests behind long inputs"
@@ -226,19 +226,30 @@ def render_section(result: LongInputsResult, command: str, machine: str) -> str:
         f"The small request alone, on an idle server: median {idle * 1000:.0f} ms, worst "
         f"{max(result.idle_small) * 1000:.0f} ms ({len(result.idle_small)} requests).",
         "",
-        "| long input | body MB | status | long request s | dropped (exact) | tokenizer calls | longest call s "
-        "| small requests | small worst s | small median s |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
+    header = [
+        "long input", "body MB", "status", "long request s", "dropped (exact)", "tokenizer calls", "longest call s",
+        "small requests", "small worst s", "small median s",
+    ]  # fmt: skip
+    rows = []
     for row in result.rows:
         dropped = row.headers.get("x-clef-state-tokens-dropped")
         exact = row.headers.get("x-clef-state-tokens-dropped-exact")
-        cut = f"{dropped} ({exact})" if dropped is not None else f"`{row.error_code}`"
-        lines.append(
-            f"| {row.name} | {row.body_bytes / 1e6:.1f} | {row.status} | {row.seconds:.2f} | {cut} "
-            f"| {len(row.tokenizer_calls)} | {max(row.tokenizer_calls, default=0.0):.3f} "
-            f"| {len(row.small_seconds)} | {row.worst:.2f} | {row.median:.2f} |"
+        rows.append(
+            [
+                row.name,
+                f"{row.body_bytes / 1e6:.1f}",
+                row.status,
+                f"{row.seconds:.2f}",
+                f"{dropped} ({exact})" if dropped is not None else f"`{row.error_code}`",
+                len(row.tokenizer_calls),
+                f"{max(row.tokenizer_calls, default=0.0):.3f}",
+                len(row.small_seconds),
+                f"{row.worst:.2f}",
+                f"{row.median:.2f}",
+            ]
         )
+    lines.append(markdown_table(header, rows, "lrrrlrrrrr"))
     errors = sum(row.small_errors for row in result.rows)
     lines += ["", f"Small requests that failed: {errors}."]
     return "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.bench.quantize_bench import quantize_into
-from clef_quant.formatting import utc_minute
+from clef_quant.formatting import markdown_table, utc_minute
 from clef_quant.progress import Progress, Stages
 from clef_quant.quantize.recipes import AUTO_SCHEME
 
@@ -141,7 +141,7 @@ def _evaluate(
     from clef_quant.evaluation.config import EvalConfig
     from clef_quant.evaluation.data import read_eval_data
     from clef_quant.evaluation.engines import FreshEngines
-    from clef_quant.evaluation.results import ALL
+    from clef_quant.evaluation.results import ALL, ResultsFile
     from clef_quant.evaluation.runner import run_eval
 
     shutil.rmtree(out, ignore_errors=True)
@@ -154,17 +154,18 @@ def _evaluate(
     )
     records = read_eval_data(data)
     run = run_eval(config, engines=FreshEngines(max_model_len=max_model_len, enforce_eager=True), data=records)
-    values = run.results["values"]
-    by_folder = {side["folder"]: side for side in run.results["sides"] if side["role"] == "candidate"}
+    results = ResultsFile.model_validate(run.results)
+    values = results.values
+    by_folder = {side.folder: side for side in results.sides if side.role == "candidate"}
     noise: dict[str, float | None] = {}
-    for side in run.results["sides"]:
-        if side["role"] == "noise-floor":
-            noise = {k: values[side["key"]][ALL].get(k) for k in ("kl", "agreement", "max_dp")}
+    for side in results.sides:
+        if side.role == "noise-floor":
+            noise = {k: values[side.key][ALL].get(k) for k in ("kl", "agreement", "max_dp")}
     for row in rows:
-        side = by_folder.get(str(row.folder))
-        if side is not None:
-            row.quality = {k: values[side["key"]][ALL].get(k) for k in ("kl", "agreement", "max_dp")}
-    questions = sum(task["questions"] for task in run.results["tasks"])
+        found = by_folder.get(str(row.folder))
+        if found is not None:
+            row.quality = {k: values[found.key][ALL].get(k) for k in ("kl", "agreement", "max_dp")}
+    questions = sum(task.questions for task in results.tasks)
     return noise, len(records.records), questions
 
 
@@ -184,23 +185,24 @@ def render_markdown(bench: QualityBench, command: str) -> str:
         f"({bench.records} records, {bench.questions} questions) through the clef-vllm plugin against the bf16 "
         "transformers reference",
         "",
-        "| scheme | KL | top-1 agreement | max abs dp | backbone MB | of bf16 | quantize s | calibration s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def quality(values: dict[str, float | None]) -> list[str]:
+        return [
+            number(values.get("kl"), ".2e"),
+            number(values.get("agreement"), ".1%"),
+            number(values.get("max_dp"), ".3f"),
+        ]
+
+    rows = []
     if bench.noise_floor:
-        floor = bench.noise_floor
-        lines.append(
-            f"| bf16 through the plugin (noise floor) | {number(floor.get('kl'), '.2e')} | "
-            f"{number(floor.get('agreement'), '.1%')} | {number(floor.get('max_dp'), '.3f')} | — | — | — | — |"
-        )
+        rows.append(["bf16 through the plugin (noise floor)", *quality(bench.noise_floor), "—", "—", "—", "—"])
     for row in bench.rows:
-        q = row.quality
-        lines.append(
-            f"| {row.scheme} | {number(q.get('kl'), '.2e')} | {number(q.get('agreement'), '.1%')} | "
-            f"{number(q.get('max_dp'), '.3f')} | {row.backbone_bytes / 1e6:.3f} | "
-            f"{row.backbone_bytes / row.source_bytes:.0%} | {row.seconds:.1f} | {row.calibration_seconds:.1f} |"
-        )
+        costs = [f"{row.backbone_bytes / 1e6:.3f}", f"{row.backbone_bytes / row.source_bytes:.0%}"]
+        rows.append([row.scheme, *quality(row.quality), *costs, f"{row.seconds:.1f}", f"{row.calibration_seconds:.1f}"])
+    header = ["scheme", "KL", "top-1 agreement", "max abs dp", "backbone MB", "of bf16", "quantize s", "calibration s"]
     lines += [
+        markdown_table(header, rows),
         "",
         "Quantize s: `clef-quant quantize` end to end in this process (load, calibrate, save, copy, hash); "
         "calibration s: encoding the calibration records plus llm-compressor's oneshot for schemes that calibrate. "

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clef_quant.formatting import binary_size, decimal_size, utc_timestamp
+from clef_quant.formatting import binary_size, decimal_size, markdown_table, utc_timestamp
 from clef_quant.progress import Progress, Stages
 from clef_quant.quantize.measure import peak_gpu_bytes, peak_host_bytes
 from clef_quant.quantize.release_files import backbone_bytes
@@ -290,18 +290,24 @@ def render_markdown(results: dict[str, Any], command: str) -> str:
         f"- calibration: {results['records']} records of at most {results['max_seq_len']} tokens (schemes that "
         f"calibrate); bf16 backbone {decimal_size(results['bf16_backbone_bytes'])}",
         "",
-        "| scheme | side | total s | process wall s | peak host | peak GPU | output |",
-        "|---|---|---:|---:|---:|---:|---:|",
     ]
+    rows = []
     for scheme, both in results["schemes"].items():
         for side in (side for side in STREAMING_SIDES if side in both):
             run = both[side]
-            label = f"{side} ({run['path']})" if "path" in run else side
-            lines.append(
-                f"| {scheme} | {label} | {run['seconds']['total']:.1f} | {run['process_wall_seconds']:.1f} | "
-                f"{binary_size(run['peak_host_bytes'])} | {binary_size(run['peak_gpu_bytes']) or '—'} | "
-                f"{decimal_size(run['out_bytes'])} |"
+            rows.append(
+                [
+                    scheme,
+                    f"{side} ({run['path']})" if "path" in run else side,
+                    f"{run['seconds']['total']:.1f}",
+                    f"{run['process_wall_seconds']:.1f}",
+                    binary_size(run["peak_host_bytes"]),
+                    binary_size(run["peak_gpu_bytes"]) or "—",
+                    decimal_size(run["out_bytes"]),
+                ]
             )
+    header = ["scheme", "side", "total s", "process wall s", "peak host", "peak GPU", "output"]
+    lines += [markdown_table(header, rows, "llrrrrr")]
     lines += ["", "Process wall: the side's process from start to exit; the ratio clef/plain uses it.", ""]
     for scheme, both in results["schemes"].items():
         met = ", ".join(f"{goal}: {'yes' if ok else 'no'}" for goal, ok in both["goals"].items())

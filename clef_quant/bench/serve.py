@@ -26,7 +26,7 @@ from typing import Any
 
 from clef_quant.bench.processes import free_port, running, systemone_command
 from clef_quant.bench.workload import varied_requests
-from clef_quant.formatting import facts_table, utc_minute
+from clef_quant.formatting import facts_table, markdown_table, utc_minute
 from clef_quant.progress import Progress, Stages
 from clef_vllm.engine import apply_cpu_defaults
 
@@ -209,25 +209,25 @@ def render_markdown(result: ServeBenchResult, command: str, machine: str) -> str
             "Serving: clef-systemone vs the offline engine, and the plugin vs the transformers reference", facts
         ),
         "",
-        "| side | records/s | tokens/s |",
-        "|---|---:|---:|",
     ]
-    for name, rate in (
+    rates = (
         ("offline engine (`ClefEngine.score`)", result.offline_records_s),
         (f"clef-systemone, {result.clients} concurrent clients", result.server_requests_s),
         ("offline engine, `batch_invariant=False`", result.offline_batched_records_s),
         (f"clef-systemone `--no-batch-invariant`, {result.clients} clients", result.server_batched_requests_s),
         ("transformers reference, bf16, batch 8", result.reference_records_s),
-    ):
-        lines.append(f"| {name} | {rate:.2f} | {rate * result.tokens / result.records:.0f} |")
+    )
+    rows = [[name, f"{rate:.2f}", f"{rate * result.tokens / result.records:.0f}"] for name, rate in rates]
+    ratios = [
+        ["server / offline", f"{result.server_over_offline:.3f}", ">= 0.95"],
+        ["invariant / batched, server", f"{result.invariant_over_batched_server:.3f}", "(cost of invariance)"],
+        ["invariant / batched, offline", f"{result.invariant_over_batched_offline:.3f}", "(cost of invariance)"],
+        ["plugin / reference", f"{result.plugin_over_reference:.2f}", ">= 3"],
+    ]
     lines += [
+        markdown_table(["side", "records/s", "tokens/s"], rows),
         "",
-        "| ratio | value | goal |",
-        "|---|---:|---:|",
-        f"| server / offline | {result.server_over_offline:.3f} | >= 0.95 |",
-        f"| invariant / batched, server | {result.invariant_over_batched_server:.3f} | (cost of invariance) |",
-        f"| invariant / batched, offline | {result.invariant_over_batched_offline:.3f} | (cost of invariance) |",
-        f"| plugin / reference | {result.plugin_over_reference:.2f} | >= 3 |",
+        markdown_table(["ratio", "value", "goal"], ratios),
         "",
         f"Server errors: {result.server_errors}.",
     ]

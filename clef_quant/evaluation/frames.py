@@ -24,7 +24,7 @@ RECORD_COLUMNS = ("id", "task", "tokens", "seconds", "questions", "probs")
 
 def metric_names(results: Results) -> list[str]:
     """The metrics results.json lists, in its order (the columns after the side and task columns)."""
-    return [m["name"] for m in results.metrics]
+    return [m.name for m in results.metrics]
 
 
 def values_frame(results: Results) -> pd.DataFrame:

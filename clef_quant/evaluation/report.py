@@ -72,19 +72,19 @@ def _metric_section(results: Results, frame: pd.DataFrame, metric: Metric) -> li
 
 
 def render_markdown(results: Results, frame: pd.DataFrame) -> str:
-    raw = results.raw
+    written = results.file
     summary = results.data_summary
     counts = summary.get("counts") or {}
     tasks = results.tasks[:-1]  # without All
     smallest = min((t.records for t in tasks), default=0)
-    tools = ", ".join(f"{name} {version}" for name, version in raw["tools"].items() if version)
+    tools = ", ".join(f"{name} {version}" for name, version in written.tools.items() if version)
     lines = [
         "# Evaluation against the bf16 reference",
         "",
-        f"{raw['created']}. DATA `{raw['data']['folder']}`: {counts.get('eval_records', '?')} records, "
+        f"{written.created}. DATA `{written.data.folder}`: {counts.get('eval_records', '?')} records, "
         f"{counts.get('eval_questions', '?')} questions from {len(tasks)} tasks "
         f"(source {summary.get('source', '?')}, seed {summary.get('seed', '?')}). "
-        f"Maximum length {raw['config']['max_model_len']} tokens. Tools: {tools}. "
+        f"Maximum length {written.config.max_model_len} tokens. Tools: {tools}. "
         f"Every number is also in `{RESULTS_CSV}` (one row per side and task).",
         "",
         sides_table(results),

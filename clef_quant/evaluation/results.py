@@ -1,8 +1,9 @@
-"""results.json of an evaluation run: the dict the runner writes (`results_dict`) and the typed model every reader
-uses (`Results`: the eval report, `load_results` and the model card).
+"""results.json of an evaluation run: its one shape (`ResultsFile`), which the runner fills (`results_dict`) and
+every reader validates, and the view readers use (`Results`: the eval report, `load_results` and the model card).
 
 results.json holds config, data, tasks, metrics, sides and `values[side key][task or All][metric]`; its format
-string changes whenever a reader of an older file would misread it.
+string changes whenever a reader of an older file would misread it. Fields added since the format began have
+defaults, so results.json of earlier runs still read.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from clef_quant.documents import read_document
+from pydantic import BaseModel, ConfigDict, Field
+
+from clef_quant.documents import read_document, validated
 from clef_quant.evaluation.config import EvalConfig
 from clef_quant.evaluation.data import EvalData, records_by_task
 from clef_quant.evaluation.errors import DataError
@@ -29,6 +32,95 @@ PROBS_DIR = "probs"
 ALL = "All"  # the row over every question of every task (so it weighs questions, not tasks)
 
 
+# Sections keep keys they do not name, so a reader of this version passes over what a later one adds.
+_SECTION = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class RunConfig(BaseModel):
+    model_config = _SECTION
+
+    reference: str = ""
+    candidates: list[str] = []
+    max_model_len: int | None = None
+    batch_size: int | None = None
+    reference_device: str | None = None
+    engine: dict[str, Any] = {}
+
+
+class DataEntry(BaseModel):
+    model_config = _SECTION
+
+    folder: str = ""
+    files: dict[str, str] = {}  # relative path -> sha256
+    summary: dict[str, Any] = {}  # the DATA folder's summary.json as it was
+
+
+class TaskEntry(BaseModel):
+    model_config = _SECTION
+
+    name: str
+    title: str | None = None  # the name, in files that have none
+    records: int
+    questions: int
+
+
+class MetricEntry(BaseModel):
+    model_config = _SECTION
+
+    name: str
+    title: str
+    description: str
+    direction: str
+    level: str
+    aggregation: str
+    compares_with_reference: bool
+
+
+class ModelHash(BaseModel):
+    model_config = _SECTION
+
+    sha256: str = ""
+    from_: str = Field("", alias="from")  # "manifest" or "files"
+    scheme: str | None = None
+
+
+class SideEntry(BaseModel):
+    model_config = _SECTION
+
+    key: str
+    name: str
+    role: Literal["reference", "noise-floor", "candidate"]
+    runner: str = ""
+    folder: str
+    model_hash: ModelHash = ModelHash()
+    settings: dict[str, Any] = {}
+    records_scored: int = 0
+    records_reused: int = 0
+    records_rejected: int = 0
+    rejected: list[str] = []
+    seconds_scored: float = 0.0
+    probabilities: str = ""  # RESULTS-relative path of the side's probability store
+
+
+class ResultsFile(BaseModel):
+    """results.json, as written and as read."""
+
+    model_config = _SECTION
+
+    format: Literal["clef-quant-eval-results/1"]
+    created: str = ""
+    tools: dict[str, str | None] = {}
+    config: RunConfig = RunConfig()
+    data: DataEntry = DataEntry()
+    tasks: list[TaskEntry]
+    metrics: list[MetricEntry] = []
+    sides: list[SideEntry]
+    values: dict[str, dict[str, dict[str, float | None]]]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
 def results_dict(
     config: EvalConfig,
     data: EvalData,
@@ -38,69 +130,67 @@ def results_dict(
 ) -> dict[str, Any]:
     """Everything results.json holds; `values` is `comparison.compare` of the same sides."""
     titles = {name: task.get("title", name) for name, task in (data.summary.get("tasks") or {}).items()}
-    tasks = []
-    for task, indices in records_by_task(data.records).items():
-        tasks.append(
-            {
-                "name": task,
-                "title": titles.get(task, task),
-                "records": len(indices),
-                "questions": sum(len(data.records[i].request.questions) for i in indices),
-            }
+    tasks = [
+        TaskEntry(
+            name=task,
+            title=titles.get(task, task),
+            records=len(indices),
+            questions=sum(len(data.records[i].request.questions) for i in indices),
         )
-    return {
-        "format": RESULTS_FORMAT,
-        "created": utc_minute(),
-        "tools": tool_versions(),
-        "config": {
-            "reference": str(config.reference),
-            "candidates": [str(c) for c in config.candidates],
-            "max_model_len": config.max_model_len,
-            "batch_size": config.batch_size,
-            "reference_device": config.device,
-            "engine": engine_settings,
-        },
-        "data": {"folder": str(data.folder), "files": data.files, "summary": data.summary},
-        "tasks": tasks,
-        "metrics": [
-            {
-                "name": m.name,
-                "title": m.title,
-                "description": m.description,
-                "direction": m.direction,
-                "level": m.level,
-                "aggregation": m.aggregation,
-                "compares_with_reference": m.compares,
-            }
+        for task, indices in records_by_task(data.records).items()
+    ]
+    written = ResultsFile(
+        format=RESULTS_FORMAT,
+        created=utc_minute(),
+        tools=tool_versions(),
+        config=RunConfig(
+            reference=str(config.reference),
+            candidates=[str(c) for c in config.candidates],
+            max_model_len=config.max_model_len,
+            batch_size=config.batch_size,
+            reference_device=config.device,
+            engine=engine_settings,
+        ),
+        data=DataEntry(folder=str(data.folder), files=data.files, summary=data.summary),
+        tasks=tasks,
+        metrics=[
+            MetricEntry(
+                name=m.name,
+                title=m.title,
+                description=m.description,
+                direction=m.direction,
+                level=m.level,
+                aggregation=m.aggregation,
+                compares_with_reference=m.compares,
+            )
             for m in METRICS
         ],
-        "sides": [
-            {
-                "key": side.key,
-                "name": side.name,
-                "role": side.role,
-                "runner": side.runner,
-                "folder": str(side.folder),
-                "model_hash": {
-                    "sha256": side.fingerprint.sha256,
-                    "from": side.fingerprint.source,
-                    "scheme": side.fingerprint.scheme,
-                },
-                "settings": side.settings,
-                "records_scored": side.scored,
-                "records_reused": side.reused,
-                "records_rejected": len(side.rejected),
-                "rejected": [str(r) for r in side.rejected[:SHOWN_IDS]],
-                "seconds_scored": round(side.seconds_scored, 3),
-                "probabilities": f"{PROBS_DIR}/{side.key}.jsonl",
-            }
+        sides=[
+            SideEntry(
+                key=side.key,
+                name=side.name,
+                role=side.role,
+                runner=side.runner,
+                folder=str(side.folder),
+                model_hash=ModelHash(
+                    sha256=side.fingerprint.sha256, from_=side.fingerprint.source, scheme=side.fingerprint.scheme
+                ),
+                settings=side.settings,
+                records_scored=side.scored,
+                records_reused=side.reused,
+                records_rejected=len(side.rejected),
+                rejected=[str(r) for r in side.rejected[:SHOWN_IDS]],
+                seconds_scored=round(side.seconds_scored, 3),
+                probabilities=f"{PROBS_DIR}/{side.key}.jsonl",
+            )
             for side in sides
         ],
-        "values": {
+        values={
             key: {task: {m: _json_number(v) for m, v in row.items()} for task, row in per_task.items()}
             for key, per_task in values.items()
         },
-    }
+    )
+    return written.to_json()
 
 
 def _json_number(value: float) -> float | None:
@@ -146,9 +236,10 @@ class Results:
     """results.json, typed. `tasks` ends with the All row (its counts summed over the tasks)."""
 
     raw: dict[str, Any]  # the file as read; the card hashes and quotes it
+    file: ResultsFile  # the same, typed
     sides: tuple[ResultSide, ...]
     tasks: tuple[ResultTask, ...]
-    metrics: tuple[dict[str, Any], ...]  # name, title, description, direction, level, aggregation, ...
+    metrics: tuple[MetricEntry, ...]
     values: dict[str, dict[str, dict[str, float | None]]]
     file_sha256: str | None = None  # of the bytes parsed, when read from a file (the card cites it)
 
@@ -156,32 +247,27 @@ class Results:
     def from_dict(cls, raw: dict[str, Any]) -> Results:
         if raw.get("format") != RESULTS_FORMAT:
             raise DataError(f"results have format {raw.get('format')!r}; clef-quant reads {RESULTS_FORMAT}")
-        try:
-            sides = tuple(
-                ResultSide(
-                    key=s["key"],
-                    name=s["name"],
-                    role=s["role"],
-                    runner=s.get("runner", ""),
-                    folder=s["folder"],
-                    sha256=(s.get("model_hash") or {}).get("sha256", ""),
-                    hash_from=(s.get("model_hash") or {}).get("from", ""),
-                    scheme=(s.get("model_hash") or {}).get("scheme"),
-                    settings=s.get("settings") or {},
-                    records_scored=s.get("records_scored", 0),
-                    records_reused=s.get("records_reused", 0),
-                    probabilities=s.get("probabilities", ""),
-                )
-                for s in raw["sides"]
+        read = validated(ResultsFile, raw, error=DataError, prefix="not results of clef-quant eval")
+        sides = tuple(
+            ResultSide(
+                key=s.key,
+                name=s.name,
+                role=s.role,
+                runner=s.runner,
+                folder=s.folder,
+                sha256=s.model_hash.sha256,
+                hash_from=s.model_hash.from_,
+                scheme=s.model_hash.scheme,
+                settings=s.settings,
+                records_scored=s.records_scored,
+                records_reused=s.records_reused,
+                probabilities=s.probabilities,
             )
-            tasks = [
-                ResultTask(t["name"], t.get("title", t["name"]), t["records"], t["questions"]) for t in raw["tasks"]
-            ]
-            values = raw["values"]
-        except (KeyError, TypeError) as exc:
-            raise DataError(f"results.json lacks {exc}: not written by clef-quant eval") from None
+            for s in read.sides
+        )
+        tasks = [ResultTask(t.name, t.title or t.name, t.records, t.questions) for t in read.tasks]
         every = ResultTask(ALL, ALL, sum(t.records for t in tasks), sum(t.questions for t in tasks))
-        return cls(raw, sides, (*tasks, every), tuple(raw.get("metrics") or ()), values)
+        return cls(raw, read, sides, (*tasks, every), tuple(read.metrics), read.values)
 
     @property
     def reference(self) -> ResultSide | None:
@@ -197,7 +283,7 @@ class Results:
 
     @property
     def data_summary(self) -> dict[str, Any]:
-        return (self.raw.get("data") or {}).get("summary") or {}
+        return self.file.data.summary
 
     def value(self, side: ResultSide, task: str, metric: str) -> float:
         """One number; NaN where results.json has none (null: nothing to average, or not measured)."""

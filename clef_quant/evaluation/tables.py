@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from clef_quant.evaluation.metrics import Metric, format_value
 from clef_quant.evaluation.results import ALL, Results, ResultSide
+from clef_quant.formatting import markdown_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,13 +27,6 @@ ROLE_WORDS = {
 def cell(text: str) -> str:
     """Markdown table cell text: a bare `|` (as in `max |dp|`) would end the cell."""
     return text.replace("|", "\\|")
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A pipe table whose first column is left-aligned text and every other column right-aligned numbers."""
-    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def measures(side: ResultSide, metric: Metric) -> bool:
@@ -83,15 +77,15 @@ def side_groups_table(results: Results, frame: pd.DataFrame, metrics: Sequence[M
 
 def sides_table(results: Results) -> str:
     """One row per side: how it runs, its folder, and the model sha256 that identifies the files it ran."""
-    lines = [
-        "| side | runs as | folder | model sha256 | records scored / reused |",
-        "|---|---|---|---|---:|",
+    rows = [
+        [
+            cell(side.name),
+            ROLE_WORDS[side.role],
+            f"`{side.folder}`",
+            f"`{side.sha256[:16]}` (from {side.hash_from}{f', {side.scheme}' if side.scheme else ''})",
+            f"{side.records_scored} / {side.records_reused}",
+        ]
+        for side in results.sides
     ]
-    for side in results.sides:
-        scheme = f", {side.scheme}" if side.scheme else ""
-        lines.append(
-            f"| {cell(side.name)} | {ROLE_WORDS[side.role]} | `{side.folder}` | "
-            f"`{side.sha256[:16]}` (from {side.hash_from}{scheme}) | "
-            f"{side.records_scored} / {side.records_reused} |"
-        )
-    return "\n".join(lines)
+    header = ["side", "runs as", "folder", "model sha256", "records scored / reused"]
+    return markdown_table(header, rows, "llllr")

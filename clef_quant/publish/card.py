@@ -45,7 +45,7 @@ from clef_quant.publish.upload import validate_repo_id
 from clef_quant.quantize.recipes import keep_reasons
 from clef_quant.quantize.registry import Registry, schemes
 from clef_quant.release_folder.fingerprints import manifest_fingerprint
-from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, CARD_SECTION, MANIFEST_FILE, is_card_owned
+from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, MANIFEST_FILE, Manifest, is_card_owned
 from clef_quant.release_folder.versions import tool_versions
 from clef_quant.throughput_report import ThroughputResult, report_facts, results_table
 from clef_quant.tiny.card import made_by_make_tiny
@@ -131,7 +131,7 @@ def write_card(config: CardConfig) -> CardResult:
     base_model, source_revision = resolve_base_model(manifest, config.base_model)
     front_matter = source_front_matter(manifest, folder)
     license_data = resolve_license(manifest, config.license, front_matter)
-    repo_id = config.repo_id or default_repo_id(base_model, manifest["scheme"])
+    repo_id = config.repo_id or default_repo_id(base_model, manifest.scheme)
     validate_repo_id(repo_id)  # the quickstart names it; a bad one would only fail at upload
     results = read_results(config.results, folder, manifest)
     tiny = made_by_make_tiny(front_matter)
@@ -189,7 +189,7 @@ def write_card(config: CardConfig) -> CardResult:
         repo_id=repo_id,
         plots=[plot["path"] for plot in plots],
         copied=len(copied),
-        added=updated[CARD_SECTION]["files"],
+        added=updated.card.files if updated.card is not None else [],
         warnings=warnings,
     )
 
@@ -197,7 +197,7 @@ def write_card(config: CardConfig) -> CardResult:
 def card_context(
     *,
     folder: Path,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     report: Any,
     base_model: str,
     source_revision: str | None,
@@ -213,7 +213,7 @@ def card_context(
     """Everything the template shows, as plain data (the templates hold prose and layout only)."""
     from huggingface_hub import ModelCardData
 
-    scheme = manifest["scheme"]
+    scheme = manifest.scheme
     tables = folder_facts.quantization_tables(report)
     card_data = ModelCardData(
         base_model=base_model,
@@ -228,7 +228,7 @@ def card_context(
         eval_results=eval_results(results) or None,
     )
     # Entries of an earlier card run are about to be replaced: the table shows quantize's files and the new ones.
-    files = {k: v for k, v in (manifest.get("files") or {}).items() if not is_card_owned(k)}
+    files = {k: v for k, v in manifest.files.items() if not is_card_owned(k)}
     name = repo_id.split("/", 1)[1]
     return {
         **manifest_facts(manifest),

@@ -29,10 +29,10 @@ from clef_quant import shipped
 from clef_quant.publish.errors import PublishError
 from clef_quant.release_folder.manifest import (
     CARD_OWNED_PATHS,
-    CARD_SECTION,
     COPIED_TREES,
     MANIFEST_FILE,
     FileProblem,
+    Manifest,
     hash_files,
     is_card_owned,
     read_manifest,
@@ -53,14 +53,14 @@ _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", "build", "dist"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".egg-info")
 
 
-def require_manifest(folder: Path) -> dict[str, Any]:
+def require_manifest(folder: Path) -> Manifest:
     manifest = read_manifest(folder)
     if manifest is None:
         raise PublishError(f"{folder} has no {MANIFEST_FILE}: make it with clef-quant quantize")
     return manifest
 
 
-def quantize_problems(folder: Path, manifest: dict[str, Any]) -> list[FileProblem]:
+def quantize_problems(folder: Path, manifest: Manifest) -> list[FileProblem]:
     """Differences between the folder and its manifest, leaving out the paths a card run replaces anyway."""
     return [p for p in verify_manifest(folder, manifest) if not is_card_owned(p.file)]
 
@@ -100,9 +100,7 @@ def staging_dir(folder: Path) -> Iterator[Path]:
         yield staging
 
 
-def install_card_files(
-    folder: Path, staging: Path, manifest: dict[str, Any], card_section: dict[str, Any]
-) -> dict[str, Any]:
+def install_card_files(folder: Path, staging: Path, manifest: Manifest, card_section: dict[str, Any]) -> Manifest:
     """Replace the owned paths of `folder` with those in `staging`, then rewrite the manifest; returns it."""
     for owned in CARD_OWNED_PATHS:
         target = folder / owned
@@ -115,11 +113,9 @@ def install_card_files(
         if (staging / owned).exists():
             os.replace(staging / owned, folder / owned)
 
-    files = {name: entry for name, entry in (manifest.get("files") or {}).items() if not is_card_owned(name)}
+    files: dict[str, Any] = {name: entry for name, entry in manifest.files.items() if not is_card_owned(name)}
     files.update(hash_files(folder, added))
-    updated = dict(manifest)
-    updated["files"] = dict(sorted(files.items()))
-    updated[CARD_SECTION] = {**card_section, "files": added}
+    updated = manifest.with_card(files, {**card_section, "files": added})
     write_manifest(folder, updated)
     return updated
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.publish.folder import staged_card_files
-from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, COPIED_TREES, MANIFEST_FILE
+from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, COPIED_TREES, MANIFEST_FILE, FileEntry, Manifest
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS, find_head_dir
 
 OTHER = "other"
@@ -139,36 +139,35 @@ def _numel(shape: tuple[int, ...]) -> int:
     return total
 
 
-def backbone_bytes(files: dict[str, dict[str, Any]]) -> int:
+def backbone_bytes(files: dict[str, FileEntry]) -> int:
     """Bytes of the backbone's safetensors files (the top-level ones but the head's)."""
     return sum(
-        int(e["size"])
+        e.size
         for name, e in files.items()
         if "/" not in name and name.endswith(".safetensors") and file_kind(name) != "head_weights"
     )
 
 
-def head_bytes(files: dict[str, dict[str, Any]]) -> int:
+def head_bytes(files: dict[str, FileEntry]) -> int:
     """Bytes of the head's two files, at the root or in an older release's `clef_head/`."""
-    return sum(int(e["size"]) for name, e in files.items() if file_kind(name) in ("head_weights", "head_config"))
+    return sum(e.size for name, e in files.items() if file_kind(name) in ("head_weights", "head_config"))
 
 
-def source_backbone_bytes(manifest: dict[str, Any]) -> int | None:
+def source_backbone_bytes(manifest: Manifest) -> int | None:
     """Bytes of the bf16 source's safetensors, when the source is a local folder that is still there."""
-    source = manifest.get("source") or {}
-    path = Path(str(source.get("id") or ""))
-    if not source.get("local") or not path.is_dir():
+    path = Path(manifest.source.id)
+    if not manifest.source.local or not path.is_dir():
         return None
     from clef_quant.quantize.release_files import backbone_bytes as folder_backbone_bytes
 
     return folder_backbone_bytes(path) or None
 
 
-def files_table(manifest_files: dict[str, dict[str, Any]], staged: dict[str, int]) -> list[dict[str, Any]]:
+def files_table(manifest_files: dict[str, FileEntry], staged: dict[str, int]) -> list[dict[str, Any]]:
     """One row per file the release holds (each folded tree one row); `kind` says what the file is for."""
     rows: list[dict[str, Any]] = []
     trees: dict[str, list[int]] = defaultdict(list)
-    entries = {name: (int(e["size"]), e.get("sha256")) for name, e in manifest_files.items()}
+    entries: dict[str, tuple[int, str | None]] = {name: (e.size, e.sha256) for name, e in manifest_files.items()}
     entries.update({name: (size, None) for name, size in staged.items()})
     for name, (size, sha) in sorted(entries.items(), key=lambda item: (item[0].count("/") > 0, item[0])):
         top = name.split("/", 1)[0]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.publish.errors import PublishError
-from clef_quant.release_folder.manifest import CARD_FILE
+from clef_quant.release_folder.manifest import CARD_FILE, Manifest
 from clef_vllm.release_source import is_hub_id
 
 DEFAULT_LICENSE_HINT = "apache-2.0"
@@ -19,16 +19,15 @@ DEFAULT_RECIPE_FILE = "recipe.yaml"
 _HF_CACHE_PATH = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<rev>[0-9a-f]{40})/?$")
 
 
-def resolve_base_model(manifest: dict[str, Any], given: str | None) -> tuple[str, str | None]:
+def resolve_base_model(manifest: Manifest, given: str | None) -> tuple[str, str | None]:
     """(Hub id, revision) of the model this release was quantized from."""
-    source = manifest.get("source") or {}
-    source_id = str(source.get("id") or "")
-    revision = source.get("revision")
+    source = manifest.source
+    source_id, revision = source.id, source.revision
     if given:
         if not is_hub_id(given):
             raise PublishError(f"--base-model must be a Hub id ORG/NAME, not {given!r}")
-        return given, revision if not source.get("local") else None
-    if source_id and not source.get("local"):
+        return given, revision if not source.local else None
+    if source_id and not source.local:
         return source_id, revision
     cached = _HF_CACHE_PATH.search(Path(source_id).as_posix()) if source_id else None
     if cached:  # a local path inside the Hugging Face cache names its repo and commit
@@ -39,23 +38,23 @@ def resolve_base_model(manifest: dict[str, Any], given: str | None) -> tuple[str
     )
 
 
-def source_front_matter(manifest: dict[str, Any], folder: Path | None = None) -> dict[str, Any]:
+def source_front_matter(manifest: Manifest, folder: Path | None = None) -> dict[str, Any]:
     """The Hub front matter of the source release's README, when it can be found: the copy `quantize` carried into
     the folder, else the source folder or the Hub."""
     from huggingface_hub.repocard import metadata_load
 
     from clef_quant.quantize.contents import SOURCE_CARD_COPY
 
-    source = manifest.get("source") or {}
-    source_id = str(source.get("id") or "")
+    source = manifest.source
+    source_id = source.id
     readme: Path | None = None
     if folder is not None and (Path(folder) / SOURCE_CARD_COPY).is_file():
         readme = Path(folder) / SOURCE_CARD_COPY
-    elif source.get("local") or Path(source_id).exists():
+    elif source.local or Path(source_id).exists():
         candidate = Path(source_id) / CARD_FILE
         readme = candidate if candidate.is_file() else None
     elif is_hub_id(source_id):
-        readme = _hub_readme(source_id, source.get("revision"))
+        readme = _hub_readme(source_id, source.revision)
     if readme is None:
         return {}
     try:
@@ -73,7 +72,7 @@ def _hub_readme(repo_id: str, revision: str | None) -> Path | None:
         return None
 
 
-def resolve_license(manifest: dict[str, Any], given: str | None, front_matter: dict[str, Any]) -> dict[str, Any]:
+def resolve_license(manifest: Manifest, given: str | None, front_matter: dict[str, Any]) -> dict[str, Any]:
     """`{"license", "license_name"?, "license_link"?}` for the card's front matter: --license, else the source's."""
     if given:
         return {"license": given}
@@ -84,10 +83,9 @@ def resolve_license(manifest: dict[str, Any], given: str | None, front_matter: d
             if front_matter.get(key):
                 found[key] = front_matter[key]
         return found
-    source = (manifest.get("source") or {}).get("id")
     raise PublishError(
-        f"cannot tell the license of {source}: its README has no `license` in the front matter (or cannot be "
-        f"read here); pass --license (a Hub license id, e.g. {DEFAULT_LICENSE_HINT})"
+        f"cannot tell the license of {manifest.source.id}: its README has no `license` in the front matter (or cannot "
+        f"be read here); pass --license (a Hub license id, e.g. {DEFAULT_LICENSE_HINT})"
     )
 
 
@@ -100,17 +98,16 @@ def default_repo_id(base_model: str, scheme: str) -> str:
     return f"{base_model}-{scheme_suffix(scheme)}"
 
 
-def manifest_facts(manifest: dict[str, Any]) -> dict[str, Any]:
+def manifest_facts(manifest: Manifest) -> dict[str, Any]:
     """What `quantize` recorded, as the card shows it: the local source folder (if any), the recipe, calibration
     (None when the scheme took no data), the tools with a known version, and the run."""
-    source = manifest.get("source") or {}
-    recipe = manifest.get("recipe") or {}
-    calibration = manifest.get("calibration") or {}
+    source, recipe, calibration = manifest.source, manifest.recipe, manifest.calibration
+    # The template reads the sections as recorded: a key an older manifest lacks stays absent, as it always was.
     return {
-        "source_local": source.get("id") if source.get("local") else None,
-        "recipe_text": (recipe.get("text") or "").strip(),
-        "recipe_file": Path(str(recipe.get("file") or DEFAULT_RECIPE_FILE)).name,
-        "calibration": calibration if calibration.get("source") else None,
-        "tools": {k: v for k, v in (manifest.get("tools") or {}).items() if v},
-        "run": manifest.get("run") or {},
+        "source_local": source.id if source.local else None,
+        "recipe_text": recipe.text.strip(),
+        "recipe_file": Path(recipe.file or DEFAULT_RECIPE_FILE).name,
+        "calibration": calibration.model_dump(exclude_unset=True) if calibration.source else None,
+        "tools": {k: v for k, v in manifest.tools.items() if v},
+        "run": manifest.run.model_dump(exclude_unset=True),
     }

@@ -16,6 +16,8 @@ from clef_quant import shipped
 from clef_quant.evaluation.sources import FIXTURES, HUB
 from clef_quant.evaluation.tasks import load_tasks
 from clef_quant.publish.results import EvalResults
+from clef_quant.quantize.contents import CODE_REASON
+from clef_quant.release_folder.manifest import Manifest
 
 if TYPE_CHECKING:
     from clef_quant.publish.card import CardConfig
@@ -25,7 +27,7 @@ DEFAULT_BATCH_SIZE = 8  # clef-quant eval's --batch-size default
 
 
 def reproduce_commands(
-    manifest: dict[str, Any],
+    manifest: Manifest,
     config: CardConfig,
     *,
     source_revision: str | None,
@@ -36,8 +38,7 @@ def reproduce_commands(
 ) -> list[str]:
     """make-tiny (when the source is one), build-data, quantize, eval, bench throughput (when shown), card and
     upload, with the flags that give this folder and these numbers."""
-    source = manifest.get("source") or {}
-    source_id = str(source.get("id") or "")
+    source_id = manifest.source.id
     folder = str(config.folder)
     commands = []
     if tiny is not None:
@@ -58,7 +59,7 @@ def _join(*words: Any) -> str:
 
 def _build_data(results: EvalResults) -> str:
     summary = results.data_summary
-    words: list[Any] = ["clef-quant", "build-data", "--out", (results.raw.get("data") or {}).get("folder") or "data"]
+    words: list[Any] = ["clef-quant", "build-data", "--out", results.results.file.data.folder or "data"]
     if summary.get("source") and summary["source"] != HUB:
         # The shipped fixtures are recorded by their repository path; `fixtures` names them wherever clef-quant runs.
         shipped_fixtures = summary["source"] == shipped.display(shipped.fixtures())
@@ -75,51 +76,50 @@ def _build_data(results: EvalResults) -> str:
     return _join(*words)
 
 
-def _quantize(manifest: dict[str, Any], source_id: str, revision: str | None, out: str) -> str:
-    source = manifest.get("source") or {}
-    recipe = manifest.get("recipe") or {}
-    recipe_file = str(recipe.get("file") or "")
-    variables = recipe.get("variables") or {}
-    calibration = manifest.get("calibration") or {}
+def _quantize(manifest: Manifest, source_id: str, revision: str | None, out: str) -> str:
+    recipe, calibration = manifest.recipe, manifest.calibration
+    recipe_file, variables = recipe.file, recipe.variables
     words: list[Any] = ["clef-quant", "quantize", source_id]
-    if revision and not source.get("local"):
+    if revision and not manifest.source.local:
         words += ["--revision", revision]
-    if manifest.get("scheme") == "auto":  # the mix is rebuilt from the scan under the same target
+    if manifest.scheme == "auto":  # the mix is rebuilt from the scan under the same target
         words += ["--scheme", "auto", "--scan", recipe_file]  # an auto recipe's file is the scan it came from
         if variables.get("max_kl") is not None:
             words += ["--max-kl", variables["max_kl"]]
         else:
             words += ["--max-size-gb", variables.get("max_size_gb")]
-    elif shipped.display(Path(recipe_file)).startswith(f"{shipped.RECIPES}/"):  # a --scheme's shipped recipe
-        words += ["--scheme", manifest["scheme"]]
+    elif recipe.is_shipped():  # a --scheme's own recipe
+        words += ["--scheme", manifest.scheme]
     else:
         words += ["--recipe", recipe_file]
-    if calibration.get("source"):
-        if not str(calibration["source"]).startswith("default:"):
-            words += ["--calibration", calibration["source"]]
-        words += ["--calibration-records", calibration.get("requested") or calibration.get("records")]
-        words += ["--max-seq-len", calibration.get("max_seq_len")]
-    for included in manifest.get("included") or []:
-        words += ["--include", included]
-    device = (manifest.get("run") or {}).get("device") or DEFAULT_DEVICE
+    if calibration.source:
+        if not calibration.source.startswith("default:"):
+            words += ["--calibration", calibration.source]
+        words += ["--calibration-records", calibration.requested or calibration.records]
+        words += ["--max-seq-len", calibration.max_seq_len]
+    for included in manifest.included:
+        if included.why != CODE_REASON:  # release code is carried without being asked for
+            words += ["--include", included.path]
+    device = manifest.run.device or DEFAULT_DEVICE
     if device != DEFAULT_DEVICE:
         words += ["--device", device]
     return _join(*words, "--out", out)
 
 
 def _evaluate(results: EvalResults, out: Path) -> str:
-    config = results.raw.get("config") or {}
-    words: list[Any] = ["clef-quant", "eval", "--reference", config.get("reference") or results.reference.folder]
-    for candidate in config.get("candidates") or [side.folder for side in results.candidates]:
+    written = results.results.file
+    config = written.config
+    words: list[Any] = ["clef-quant", "eval", "--reference", config.reference or results.reference.folder]
+    for candidate in config.candidates or [side.folder for side in results.candidates]:
         words += ["--candidate", candidate]
-    words += ["--data", (results.raw.get("data") or {}).get("folder") or "data", "--out", out]
-    if config.get("max_model_len"):
-        words += ["--max-model-len", config["max_model_len"]]
-    if (config.get("batch_size") or DEFAULT_BATCH_SIZE) != DEFAULT_BATCH_SIZE:
-        words += ["--batch-size", config["batch_size"]]
-    if (config.get("reference_device") or DEFAULT_DEVICE) != DEFAULT_DEVICE:
-        words += ["--device", config["reference_device"]]
-    engine = config.get("engine") or {}
+    words += ["--data", written.data.folder or "data", "--out", out]
+    if config.max_model_len:
+        words += ["--max-model-len", config.max_model_len]
+    if (config.batch_size or DEFAULT_BATCH_SIZE) != DEFAULT_BATCH_SIZE:
+        words += ["--batch-size", config.batch_size]
+    if (config.reference_device or DEFAULT_DEVICE) != DEFAULT_DEVICE:
+        words += ["--device", config.reference_device]
+    engine = config.engine
     if str(engine.get("enforce_eager")) == "True":
         words.append("--enforce-eager")
     if str(engine.get("batch_invariant")) == "False":

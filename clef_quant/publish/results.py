@@ -21,11 +21,12 @@ from clef_quant import shipped
 from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.frames import probabilities_frame, values_frame
 from clef_quant.evaluation.metrics import METRIC_BY_NAME, QUALITY_METRICS, SPEED_METRICS, format_value
-from clef_quant.evaluation.results import ALL, RESULTS_JSON, Results, ResultSide, ResultTask
+from clef_quant.evaluation.results import ALL, RESULTS_JSON, MetricEntry, Results, ResultSide, ResultTask
 from clef_quant.evaluation.results import read_results as read_eval_results
 from clef_quant.evaluation.tables import side_groups_table, sides_table
 from clef_quant.publish.errors import PublishError
 from clef_quant.release_folder.fingerprints import manifest_fingerprint
+from clef_quant.release_folder.manifest import Manifest
 from clef_quant.throughput_report import ThroughputResult, json_path, read_report
 from clef_vllm.errors import ClefError
 
@@ -59,7 +60,7 @@ class EvalResults:
         return self.results.tasks
 
     @property
-    def metrics(self) -> tuple[dict[str, Any], ...]:
+    def metrics(self) -> tuple[MetricEntry, ...]:
         return self.results.metrics
 
     @property
@@ -153,7 +154,7 @@ class EvalResults:
         return xs, ys
 
 
-def read_results(results_dir: Path, folder: Path, manifest: dict[str, Any]) -> EvalResults:
+def read_results(results_dir: Path, folder: Path, manifest: Manifest) -> EvalResults:
     """RESULTS for the card of `folder`; refuses results that did not evaluate this folder."""
     results_dir = Path(results_dir)
     results_json = results_dir / RESULTS_JSON

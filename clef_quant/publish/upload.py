@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from clef_quant.publish.errors import PublishError
-from clef_quant.release_folder.manifest import CARD_FILE, CARD_SECTION, MANIFEST_FILE, read_manifest
+from clef_quant.release_folder.manifest import CARD_FILE, MANIFEST_FILE, read_manifest
 from clef_vllm.errors import CheckpointError
 from clef_vllm.release_source import is_hub_id
 
@@ -89,12 +88,12 @@ def check_release(folder: Path, repo_id: str | None = None) -> list[str]:
         problems = [f"{v.subject}: {v.message}" for v in inspect_checkpoint(folder).violations]
     except CheckpointError as exc:  # no config.json or no weights: nothing else is worth checking
         return [str(exc)]
-    card = manifest.get(CARD_SECTION)
+    card = manifest.card
     if not (folder / CARD_FILE).is_file() or card is None:
         problems.append(f"{CARD_FILE}: no model card; write it with clef-quant card {folder} --results RESULTS")
-    elif repo_id is not None and card.get("repo_id") not in (None, repo_id):
+    elif repo_id is not None and card.repo_id not in (None, repo_id):
         problems.append(
-            f"{CARD_FILE}: written for {card['repo_id']}, not {repo_id} (its quickstart names the repo); "
+            f"{CARD_FILE}: written for {card.repo_id}, not {repo_id} (its quickstart names the repo); "
             f"re-run clef-quant card with --repo-id {repo_id}"
         )
     return problems
@@ -107,18 +106,16 @@ def plan_upload(folder: Path, *, repo_id: str, private: bool = False, revision: 
     problems = check_release(folder, repo_id)
     if problems:
         raise ReleaseNotReady(folder, problems)
-    manifest = read_manifest(folder) or {}
-    listed: dict[str, dict[str, Any]] = manifest.get("files") or {}
-    files = [UploadFile(name, int(entry["size"])) for name, entry in sorted(listed.items())]
+    manifest = read_manifest(folder)
+    assert manifest is not None  # check_release refuses a folder without one
+    files = [UploadFile(name, entry.size) for name, entry in sorted(manifest.files.items())]
     files.append(UploadFile(MANIFEST_FILE, (folder / MANIFEST_FILE).stat().st_size))
-    tools = manifest.get("tools") or {}
-    source = manifest.get("source") or {}
-    card = manifest.get(CARD_SECTION) or {}
-    message = f"{manifest.get('scheme', 'quantized')} release made by clef-quant {tools.get('clef-quant', '?')}"
+    message = f"{manifest.scheme} release made by clef-quant {manifest.tools.get('clef-quant') or '?'}"
+    base_model = (manifest.card.base_model if manifest.card is not None else None) or manifest.source.id
     description = "\n".join(
         [
-            f"Base model: {card.get('base_model') or source.get('id')}",
-            f"Scheme: {manifest.get('scheme')}",
+            f"Base model: {base_model}",
+            f"Scheme: {manifest.scheme}",
             f"Files: {len(files)}, sha256 of each in {MANIFEST_FILE}",
             "Check it with: clef-quant inspect <folder>",
         ]

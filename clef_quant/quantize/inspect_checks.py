@@ -21,7 +21,7 @@ from clef_quant.quantize.inspect_report import (
 from clef_quant.quantize.recipes import is_kept_bf16
 from clef_quant.quantize.schemes import BF16, fused_groups_of
 from clef_quant.quantize.stored_tensors import StoredTensor, read_tensor
-from clef_quant.release_folder.manifest import MANIFEST_FILE, symlinks_in, verify_manifest
+from clef_quant.release_folder.manifest import MANIFEST_FILE, Manifest, symlinks_in, verify_manifest
 from clef_quant.release_folder.writer import OWNER_FILE, PARTIAL_SUFFIX
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_FILES, HEAD_SUBDIR, HEAD_WEIGHTS
 
@@ -99,7 +99,7 @@ def _scalar(tensor: Any) -> str:
 
 def check_manifest(
     folder: Path,
-    manifest: dict[str, Any] | None,
+    manifest: Manifest | None,
     error: str | None,
     is_source: bool,
     verify_hashes: bool,
@@ -135,19 +135,19 @@ def check_manifest(
         violations.append(Violation(CHECK_MANIFEST, problem.file, problem.problem))
     if problems:
         return CheckResult(CHECK_MANIFEST, "fail", f"{len(problems)} file(s) differ from the manifest")
-    return CheckResult(CHECK_MANIFEST, "pass", f"{len(manifest.get('files') or {})} file(s) match")
+    return CheckResult(CHECK_MANIFEST, "pass", f"{len(manifest.files)} file(s) match")
 
 
-def included_on_purpose(manifest: dict[str, Any] | None) -> set[str]:
+def included_on_purpose(manifest: Manifest | None) -> set[str]:
     """What the manifest names as carried on purpose: its `included` entries and the files `card` added."""
     if manifest is None:
         return set()
-    names = {entry["path"] for entry in manifest.get("included") or []}
-    return names | set((manifest.get("card") or {}).get("files") or [])
+    names = {entry.path for entry in manifest.included}
+    return names | set(manifest.card.files if manifest.card is not None else [])
 
 
 def check_code(
-    folder: Path, manifest: dict[str, Any] | None, is_source: bool, violations: list[Violation], notes: list[str]
+    folder: Path, manifest: Manifest | None, is_source: bool, violations: list[Violation], notes: list[str]
 ) -> CheckResult:
     found = code_in_folder(folder, skip=(MANIFEST_FILE,))
     if is_source:

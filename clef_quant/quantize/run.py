@@ -42,7 +42,7 @@ from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inputs import check_inputs
 from clef_quant.quantize.measure import peak_gpu_bytes, peak_host_bytes, timed
 from clef_quant.quantize.plan import QuantPlan, parse_recipe, plan_quantization, recipe_needs_calibration
-from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe
+from clef_quant.quantize.recipes import AUTO_SCHEME, SCHEMES, Recipe, scheme_recipe_path
 from clef_quant.quantize.release_files import backbone_bytes, copy_release_files
 from clef_quant.quantize.streaming import (
     NotStreamable,
@@ -50,7 +50,7 @@ from clef_quant.quantize.streaming import (
     plan_streaming,
     stream_quantize,
 )
-from clef_quant.release_folder.manifest import build_manifest, folder_files, write_manifest
+from clef_quant.release_folder.manifest import Manifest, build_manifest, folder_files, write_manifest
 from clef_quant.release_folder.staged import staged_folder
 from clef_quant.release_folder.writer import OWNER_FILE
 from clef_vllm.encoder import load_tokenizer
@@ -90,7 +90,7 @@ class QuantizeResult:
     scheme: str
     plan: QuantPlan
     calibration: CalibrationSummary
-    manifest: dict[str, Any]
+    manifest: Manifest
     timings: dict[str, float]  # seconds per stage, and "total"
     peak_host_bytes: int
     peak_gpu_bytes: int | None
@@ -299,7 +299,9 @@ def _source_entry(config: QuantizeConfig, source_dir: Path) -> dict[str, Any]:
 
 
 def _recipe_entry(recipe: Recipe) -> dict[str, Any]:
-    return {"file": str(recipe.path), "text": recipe.text, "variables": recipe.variables}
+    # A --recipe file given with --scheme wins over the scheme's own: only the shipped file itself counts as shipped.
+    shipped = recipe.scheme in SCHEMES and str(recipe.path) == str(scheme_recipe_path(recipe.scheme))
+    return {"file": str(recipe.path), "text": recipe.text, "variables": recipe.variables, "shipped": shipped}
 
 
 def _run_entry(config: QuantizeConfig, device: str, timings: dict[str, float], path: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from clef_quant.formatting import markdown_table
 from clef_quant.quantize.scan_file import GROUPS, SCAN_CSV, SCAN_MD, SCAN_PNG, ScanFile
 
 
@@ -39,14 +40,18 @@ def render_markdown(scan_file: ScanFile, frame: Any) -> str:
         f"records, device {scan_file.device}. KL: mean KL(bf16 || unit quantized) over every question; "
         "flips: questions whose top-1 option changed.",
         "",
-        "| layer | group | scheme | KL mean | KL max | flips | MB saved | seconds |",
-        "|---:|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for row in frame.itertuples():
-        lines.append(
-            f"| {row.layer} | {row.group} | {row.scheme} | {row.kl_mean:.3e} | {row.kl_max:.3e} | "
-            f"{row.flips}/{row.questions} | {row.bytes_saved / 1e6:.3f} | {row.seconds:.1f} |"
-        )
+        markdown_table(
+            ["layer", "group", "scheme", "KL mean", "KL max", "flips", "MB saved", "seconds"],
+            [
+                [
+                    row.layer, row.group, row.scheme, f"{row.kl_mean:.3e}", f"{row.kl_max:.3e}",
+                    f"{row.flips}/{row.questions}", f"{row.bytes_saved / 1e6:.3f}", f"{row.seconds:.1f}",
+                ]
+                for row in frame.itertuples()
+            ],
+            "rllrrrrr",
+        ),
+    ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

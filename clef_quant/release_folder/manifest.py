@@ -5,7 +5,8 @@ itself. `verify_manifest` re-hashes the folder and names each file that is missi
 Hashing runs on a thread pool: hashlib releases the GIL on large buffers, so a 10 GB release hashes at disk
 speed rather than one core's.
 
-Reading validates the manifest (pydantic): a file that does not parse, or whose `files` map is not
+`Manifest` is the one shape of the file: `quantize` builds it, `card` extends it, and every reader takes its
+attributes. Reading validates it (pydantic): a file that does not parse, or whose `files` map is not
 `{relative path: {"sha256": 64 hex, "size": int}}`, is a `ManifestError` with one line saying where, never a
 traceback deep in a later step. Paths must stay inside the folder (no absolute paths, no `..`).
 """
@@ -108,24 +109,28 @@ def hash_files(
         pool.shutdown(wait=True)
 
 
+class ManifestError(CheckpointError):
+    """A manifest that does not parse or does not validate."""
+
+
 def build_manifest(
     folder: Path,
     *,
-    source: dict[str, Any],
+    source: Mapping[str, Any],
     scheme: str,
-    recipe: dict[str, Any],
-    calibration: dict[str, Any],
-    run: dict[str, Any],
+    recipe: Mapping[str, Any],
+    calibration: Mapping[str, Any],
+    run: Mapping[str, Any],
     included: list[dict[str, str]] | None = None,
     exclude: Iterable[str] = (),
     on_hashed: Callable[[str], None] | None = None,
     hashed: Mapping[str, dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> Manifest:
     """The manifest of a complete folder (everything but the manifest must already be written); `exclude`
     names files that are not part of the release (the writer marker); `hashed` holds entries computed while the
     files were written (see `hash_files`)."""
     skipped = set(exclude)
-    return {
+    data = {
         "format": MANIFEST_FORMAT,
         "source": source,
         "scheme": scheme,
@@ -136,21 +141,21 @@ def build_manifest(
         "included": list(included or []),
         "files": hash_files(folder, [f for f in folder_files(folder) if f not in skipped], on_hashed, hashed),
     }
+    return _validated(data, f"refusing to write an invalid {MANIFEST_FILE}")
 
 
-def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
+def write_manifest(folder: Path, manifest: Manifest | Mapping[str, Any]) -> Path:
     """Validate `manifest` and write it atomically, mode 0644; a manifest that would not read back is never written."""
-    try:
-        Manifest.model_validate(manifest)
-    except ValidationError as exc:
-        raise ManifestError(f"refusing to write an invalid {MANIFEST_FILE}: {first_validation_error(exc)}") from None
+    if not isinstance(manifest, Manifest):
+        manifest = _validated(manifest, f"refusing to write an invalid {MANIFEST_FILE}")
     path = Path(folder) / MANIFEST_FILE
-    write_json_atomic(path, manifest)
+    write_json_atomic(path, manifest.to_json())
     return path
 
 
-class ManifestError(CheckpointError):
-    """A manifest that does not parse or does not validate."""
+# Every section keeps what it does not name (`extra="allow"`) and writes back only the keys it was given
+# (`to_json`), so a manifest read and written again is the file it was, whichever clef-quant wrote it.
+_SECTION = ConfigDict(extra="allow")
 
 
 class FileEntry(BaseModel):
@@ -169,10 +174,85 @@ class IncludedEntry(BaseModel):
     why: StrictStr
 
 
+class SourceEntry(BaseModel):
+    """The checkpoint quantized: a Hub id at a revision, or a local folder."""
+
+    model_config = _SECTION
+
+    id: StrictStr = ""
+    revision: StrictStr | None = None
+    local: bool = False
+
+
+class RecipeEntry(BaseModel):
+    """The recipe as llm-compressor ran it: where it came from, its filled text and the values filled in."""
+
+    model_config = _SECTION
+
+    file: StrictStr = ""
+    text: StrictStr = ""
+    variables: dict[str, Any] = {}
+    # True for the recipe a `--scheme` ships with clef-quant, False for a `--recipe` file or an auto mix (whose
+    # `file` is the scan it came from). None in manifests written before it was recorded: see `is_shipped`.
+    shipped: bool | None = None
+
+    def is_shipped(self) -> bool:
+        if self.shipped is not None:
+            return self.shipped
+        # Older manifests recorded only the path: a shipped recipe's resolves into clef-quant's recipes/ folder.
+        return shipped.display(Path(self.file)).startswith(f"{shipped.RECIPES}/")
+
+
+class CalibrationEntry(BaseModel):
+    """What calibration saw (`quantize.calibration.CalibrationSummary`); `source` None when no data was used."""
+
+    model_config = _SECTION
+
+    source: StrictStr | None = None
+    sha256: StrictStr | None = None
+    records: int = 0
+    tokens: int = 0
+    max_seq_len: int | None = None
+    requested: int | None = None
+    available: int = 0
+    truncated: int = 0
+    skipped: dict[str, int] = {}
+    seed: int | None = None
+
+
+class RunEntry(BaseModel):
+    """Where and how long `quantize` ran."""
+
+    model_config = _SECTION
+
+    device: StrictStr | None = None
+    path: StrictStr | None = None  # "streaming" or "oneshot"
+    created: StrictStr | None = None
+    seconds: dict[str, int | float] = {}
+    peak_host_bytes: int | None = None
+    peak_gpu_bytes: int | None = None
+
+
+class CardResultsEntry(BaseModel):
+    model_config = _SECTION
+
+    folder: StrictStr | None = None
+    sha256: StrictStr | None = None
+
+
 class CardEntry(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """What `card` recorded: the files it added (which it owns and replaces) and what the card was made from."""
+
+    model_config = _SECTION
 
     files: list[StrictStr] = []
+    created: StrictStr | None = None
+    clef_quant: StrictStr | None = None
+    repo_id: StrictStr | None = None
+    base_model: StrictStr | None = None
+    license: StrictStr | None = None
+    results: CardResultsEntry | None = None
+    throughput: StrictStr | None = None
 
 
 def _safe_relative(name: str) -> str:
@@ -183,19 +263,19 @@ def _safe_relative(name: str) -> str:
 
 
 class Manifest(BaseModel):
-    """The validated shape of `clef_quant.json`; sections other tools add are kept as they are."""
+    """`clef_quant.json`, typed: what `quantize` writes and every reader uses; sections other tools add are kept."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = _SECTION
 
     format: Literal["clef-quant-manifest/1"]
-    source: dict[str, Any]
+    source: SourceEntry
     scheme: StrictStr
-    recipe: dict[str, Any]
+    recipe: RecipeEntry
     tools: dict[str, StrictStr | None]
-    calibration: dict[str, Any]
-    run: dict[str, Any]
-    files: dict[str, FileEntry]
+    calibration: CalibrationEntry
+    run: RunEntry
     included: list[IncludedEntry] = []
+    files: dict[str, FileEntry]
     card: CardEntry | None = None
 
     @field_validator("files")
@@ -207,20 +287,33 @@ class Manifest(BaseModel):
                 raise ValueError(f"lists {MANIFEST_FILE} itself")
         return files
 
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as written: the keys it was made or read with, in the order `quantize` writes them."""
+        return self.model_dump(mode="json", exclude_unset=True)
 
-def parse_manifest(text: str, where: str = MANIFEST_FILE) -> dict[str, Any]:
-    """Validate a manifest's text; returns it as a dict, or raises ManifestError in one line."""
+    def with_card(self, files: Mapping[str, FileEntry | Mapping[str, Any]], card: Mapping[str, Any]) -> Manifest:
+        """This manifest with `card`'s section and the file list it leaves behind."""
+        entries = {name: e.model_dump() if isinstance(e, FileEntry) else dict(e) for name, e in files.items()}
+        data = {**self.to_json(), "files": dict(sorted(entries.items())), CARD_SECTION: dict(card)}
+        return _validated(data, f"refusing to write an invalid {MANIFEST_FILE}")
+
+
+def _validated(data: Mapping[str, Any], prefix: str) -> Manifest:
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise ManifestError(f"{prefix}: {first_validation_error(exc)}") from None
+
+
+def parse_manifest(text: str, where: str = MANIFEST_FILE) -> Manifest:
+    """Validate a manifest's text, or raise ManifestError in one line."""
     data = parse_json(text, where=where, error=ManifestError)
     if not isinstance(data, dict):
         raise ManifestError(f"{where} is not a manifest: a JSON {type(data).__name__}, not an object")
-    try:
-        Manifest.model_validate(data)
-    except ValidationError as exc:
-        raise ManifestError(f"{where} is not a valid manifest: {first_validation_error(exc)}") from None
-    return data
+    return _validated(data, f"{where} is not a valid manifest")
 
 
-def read_manifest(folder: Path) -> dict[str, Any] | None:
+def read_manifest(folder: Path) -> Manifest | None:
     """The validated manifest of `folder`, or None when it has none; ManifestError when it is broken."""
     path = Path(folder) / MANIFEST_FILE
     if not path.is_file():
@@ -241,13 +334,13 @@ class FileProblem:
         return f"{self.file}: {self.problem}"
 
 
-def verify_manifest(folder: Path, manifest: dict[str, Any] | None = None) -> list[FileProblem]:
+def verify_manifest(folder: Path, manifest: Manifest | None = None) -> list[FileProblem]:
     """Every difference between the folder and its manifest; empty when all hashes match."""
     folder = Path(folder)
     manifest = manifest if manifest is not None else read_manifest(folder)
     if manifest is None:
         return [FileProblem(MANIFEST_FILE, "missing")]
-    listed: dict[str, dict[str, Any]] = manifest.get("files") or {}
+    listed = manifest.files
     present = set(folder_files(folder))
     problems = [FileProblem(name, "missing") for name in sorted(listed.keys() - present)]
     problems += [FileProblem(name, "not in manifest") for name in sorted(present - listed.keys())]
@@ -255,14 +348,12 @@ def verify_manifest(folder: Path, manifest: dict[str, Any] | None = None) -> lis
     # A size difference settles it without reading the file.
     same_size = []
     for name in to_hash:
-        if (folder / name).stat().st_size != listed[name].get("size"):
+        if (folder / name).stat().st_size != listed[name].size:
             problems.append(FileProblem(name, "size mismatch"))
         else:
             same_size.append(name)
     hashes = hash_files(folder, same_size)
     problems += [
-        FileProblem(name, "sha256 mismatch")
-        for name in same_size
-        if hashes[name]["sha256"] != listed[name].get("sha256")
+        FileProblem(name, "sha256 mismatch") for name in same_size if hashes[name]["sha256"] != listed[name].sha256
     ]
     return sorted(problems, key=lambda p: p.file)
