@@ -537,10 +537,9 @@ def test_base_model_comes_from_the_manifest_source() -> None:
 
 
 def shipped_recipe(scheme: str) -> str:
-    from clef_quant import shipped
-    from clef_quant.quantize.recipes import SCHEMES
+    from clef_quant.quantize.recipes import scheme_recipe_path
 
-    return str(shipped.recipes().joinpath(SCHEMES[scheme]))
+    return str(scheme_recipe_path(scheme))
 
 
 @pytest.mark.parametrize(

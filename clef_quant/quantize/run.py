@@ -42,7 +42,7 @@ from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inputs import check_inputs
 from clef_quant.quantize.measure import peak_gpu_bytes, peak_host_bytes, timed
 from clef_quant.quantize.plan import QuantPlan, parse_recipe, plan_quantization, recipe_needs_calibration
-from clef_quant.quantize.recipes import AUTO_SCHEME, SCHEMES, Recipe, scheme_recipe_path
+from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, scheme_recipe_path
 from clef_quant.quantize.release_files import backbone_bytes, copy_release_files
 from clef_quant.quantize.streaming import (
     NotStreamable,
@@ -300,7 +300,7 @@ def _source_entry(config: QuantizeConfig, source_dir: Path) -> dict[str, Any]:
 
 def _recipe_entry(recipe: Recipe) -> dict[str, Any]:
     # A --recipe file given with --scheme wins over the scheme's own: only the shipped file itself counts as shipped.
-    shipped = recipe.scheme in SCHEMES and str(recipe.path) == str(scheme_recipe_path(recipe.scheme))
+    shipped = recipe.scheme in registry.schemes().names and str(recipe.path) == str(scheme_recipe_path(recipe.scheme))
     return {"file": str(recipe.path), "text": recipe.text, "variables": recipe.variables, "shipped": shipped}
 
 
