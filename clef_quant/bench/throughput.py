@@ -65,7 +65,8 @@ def plugin_side_name(folder: Path) -> str:
     from clef_quant.quantize.registry import schemes
     from clef_quant.release_folder.manifest import read_manifest
 
-    scheme = (read_manifest(folder) or {}).get("scheme")
+    manifest = read_manifest(folder)
+    scheme = manifest.scheme if manifest is not None else None
     if scheme in schemes().names:
         return " + ".join(schemes().scheme(scheme).labels)
     return scheme or folder.name
