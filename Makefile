@@ -25,9 +25,9 @@ test: setup
 demo: setup
 	VENV=$(VENV) bash scripts/demo.sh
 
-# Every runnable README block, in order, in a scratch folder (the whole flow: longer than the rest of the suite).
+# Only the README check of `make test`: every runnable block, in order, in a scratch folder (the whole flow).
 readme-examples: setup
-	CLEF_README_EXAMPLES=1 $(BIN)/python -m pytest -q -s tests/test_readme_examples.py
+	$(BIN)/python -m pytest -q -s tests/test_readme_examples.py
 
 lint: setup
 	$(BIN)/ruff check .

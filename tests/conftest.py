@@ -94,6 +94,15 @@ def shared_systemone(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         yield server
 
 
+@pytest.fixture(scope="session")
+def vllm_serve(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One `vllm serve` on the tiny checkpoint with our architecture (media on), shared like `shared_systemone`."""
+    from servers import vllm_serve as start_vllm_serve
+
+    with start_vllm_serve(tiny_dir, tmp_path_factory.mktemp("logs") / "shared-vllm-serve.log") as url:
+        yield url
+
+
 @pytest.fixture(scope="module")
 def head():
     """A random head at the small test config (test_head.CONFIG), the same weights in every module."""

@@ -90,11 +90,6 @@ def test_readme_marks_only_hub_gpu_or_suite_blocks_as_not_run() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("CLEF_README_EXAMPLES"),
-    reason="runs the whole README flow (quantize, scan, eval, three servers): set CLEF_README_EXAMPLES=1 "
-    "or run `make readme-examples`",
-)
 def test_readme_examples_run_as_written(tmp_path: Path) -> None:
     blocks = [b for b in readme_blocks(README.read_text(encoding="utf-8")) if not b.not_run]
     shutil.copytree(REPO / "examples", tmp_path / "examples")

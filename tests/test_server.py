@@ -8,7 +8,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from servers import SHARED_API_KEY
-from servers import vllm_serve as start_vllm_serve
 from workloads import short_requests
 
 pytestmark = pytest.mark.slow
@@ -122,12 +121,6 @@ def test_models_and_openapi(systemone, tiny_dir):
     schema_ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     assert "questions" in json.dumps(spec["components"]["schemas"][schema_ref.rsplit("/", 1)[-1]])
     assert {"200", "400", "401", "413", "415"} <= set(operation["responses"])
-
-
-@pytest.fixture(scope="module")
-def vllm_serve(tiny_dir, tmp_path_factory):
-    with start_vllm_serve(tiny_dir, tmp_path_factory.mktemp("logs") / "vllm-serve.log", "--language-model-only") as url:
-        yield url
 
 
 def test_vllm_serve_answers_like_clef_systemone(systemone, vllm_serve):

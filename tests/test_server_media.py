@@ -10,7 +10,6 @@ import pytest
 from media_files import b64, image_b64, image_bytes, video_b64, video_bytes
 from servers import ENGINE_FLAGS
 from servers import systemone as start_systemone
-from servers import vllm_serve as start_vllm_serve
 from test_media import png_bomb
 
 from clef_quant.bench.workload import image_requests
@@ -124,12 +123,6 @@ def test_bad_media_gets_a_400_naming_it_and_the_server_stays_healthy(systemone, 
     if where is not None:
         assert where in message
     assert httpx.get(f"{systemone}/health").status_code == 200
-
-
-@pytest.fixture(scope="module")
-def vllm_serve(tiny_dir, tmp_path_factory):
-    with start_vllm_serve(tiny_dir, tmp_path_factory.mktemp("logs") / "vllm-serve-media.log") as url:
-        yield url
 
 
 def test_vllm_serve_answers_image_and_video_requests(vllm_serve):

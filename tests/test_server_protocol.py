@@ -16,21 +16,14 @@ import httpx
 import pytest
 import zstandard
 from openapi_checks import assert_limits_documented, assert_models_described
-from servers import ENGINE_FLAGS, SHARED_API_KEY
+from servers import ENGINE_FLAGS, PROBE, SHARED_API_KEY
 
 pytestmark = pytest.mark.slow
 
 API_KEY = SHARED_API_KEY
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 WORKERS_AI = "/accounts/acct123/ai/run/@cf/cloudflare/clef-flash"
-BODY = {
-    "state": {"ticket": "I was charged twice for one order. " * 40},
-    "questions": {
-        "billing": {"type": "noul", "instructions": "Is this about billing?"},
-        "team": {"type": "choice", "criteria": {"billing": "money", "technical": "bugs", "sales": "deals"}},
-        "urgency": {"type": "score", "criteria": ["low", "medium", "high"]},
-    },
-}
+BODY = PROBE  # every question type, a JSON state
 
 
 class Server:
