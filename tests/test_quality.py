@@ -83,22 +83,15 @@ def built(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     return get
 
 
+# The scan every test of this module reads or resumes: its settings must match for a resume to take.
+SCAN_SETTINGS = ("--calibration-records", str(RECORDS), "--heldout", "6", "--max-seq-len", str(MAX_SEQ_LEN))
+
+
 @pytest.fixture(scope="module")
 def scanned(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A scan of the tiny release under nvfp4 and fp8-dynamic (what auto needs)."""
     out = tmp_path_factory.mktemp("scan") / "scan"
-    result = cli(
-        "scan",
-        str(tiny_dir),
-        "--out",
-        str(out),
-        "--calibration-records",
-        str(RECORDS),
-        "--heldout",
-        "6",
-        "--max-seq-len",
-        str(MAX_SEQ_LEN),
-    )
+    result = cli("scan", str(tiny_dir), "--out", str(out), *SCAN_SETTINGS)
     assert result.exit_code == 0, result.output
     return out
 
@@ -272,12 +265,7 @@ def test_scan_resumes_and_recomputes_the_same_numbers(scanned: Path, tiny_dir: P
         str(tiny_dir),
         "--out",
         str(out),
-        "--calibration-records",
-        str(RECORDS),
-        "--heldout",
-        "6",
-        "--max-seq-len",
-        str(MAX_SEQ_LEN),
+        *SCAN_SETTINGS,
         "--scheme",
         dropped["scheme"],
     )
