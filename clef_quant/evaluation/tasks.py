@@ -1,17 +1,32 @@
 """Task files (`eval/tasks/*.yaml`): which dataset split a task reads and how one row becomes a SystemOne request.
 
-A task file is data. Its `request` and `gold` sections are JSON-like templates evaluated against one dataset row:
+A task file is data. Its `request` and `gold` sections are JSON-like templates evaluated against one dataset row.
+A file that says `expressions: jinja2` (every shipped one) writes them in Jinja2:
 
-- a string is a template: `{column}` is replaced by the row's value (dotted paths reach into structs, e.g.
-  `{choices.text}`), `{column|readable}` also turns underscores into spaces;
-- `{$column: path}` is the row's raw value (a list, a number, ...);
-- `{$label_name: column}` is the class name of a ClassLabel column (names come from the dataset's features);
-- `{$map: path, values: {...}}` looks the row's value up in a table (keys compare as text: `0`, `"0"` and
-  `true` match the values 0, "0" and True);
-- `{$zip: {ids: EXPR, descriptions: EXPR}}` pairs two lists into an object, for choice criteria taken from a row;
-- `{$image: column}` is the row's image (a `datasets` Image) as base64 PNG, for the request's `images`; a row
-  without one does not fit the task;
-- lists and objects are evaluated item by item, anything else is kept as it is.
+- every string is a Jinja2 template whose variables are the row's columns (`{{ choices.text }}` reaches into a
+  struct; a field named like a dict method, e.g. `items`, is read as `choices["items"]`). A string that is one
+  `{{ expression }}` gives the expression's value as it is (a list, an object, a number, a string that looks like
+  a number); with text around it, or several expressions, the result is a string;
+- filters: `readable` (underscores to spaces, e.g. `{{ subject | readable }}`); `lookup(table)`, the row's value
+  looked up in a table with keys compared as text (`{{ label | lookup({0: 'A', 1: 'B'}) }}`: `0`, `'0'` and
+  `true` match the values 0, "0" and True; a value not in the table means the row does not fit);
+  `png_base64`, a `datasets` Image as base64 PNG for the request's `images` (a row without one does not fit);
+- functions: `label_name('column')`, the class name of a ClassLabel column (names come from the dataset's
+  features); `criteria(ids, descriptions)`, two lists paired into an object, for choice criteria taken from a row
+  (ids beyond the descriptions are unused; fewer ids than descriptions means the row does not fit);
+- templates run in Jinja2's immutable sandbox, and nothing undefined is ever left empty: a column the row lacks
+  (or a struct field, or a list item past the end), an unknown filter or a syntax error is an error of the file
+  (a TaskFileError naming the file and the template; syntax and filters are checked when the file is loaded),
+  while a value that does not fit (a key not in the table, too few ids, a failing operation) skips the row
+  (RowError).
+
+Lists and objects are evaluated item by item (object keys are kept as written), anything else is kept as it is.
+
+A file without `expressions:` (or with `expressions: legacy`) is read in the older syntax it was written in:
+`{column}` and `{column|readable}` placeholders in strings, and the objects `{$column: path}`,
+`{$label_name: column}`, `{$map: path, values: {...}}`, `{$zip: {ids: EXPR, descriptions: EXPR}}` and
+`{$image: column}`, which follow the same rules as `lookup`, `label_name`, `criteria` and `png_base64`.
+The two languages live in `expressions.py`.
 
 Gold answers are option ids: a choice's key, `"true"`/`"false"` for noul, `"0"`, `"1"`, ... for score levels.
 """
@@ -19,29 +34,31 @@ Gold answers are option ids: a choice's key, `"true"`/`"false"` for noul, `"0"`,
 from __future__ import annotations
 
 import hashlib
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from clef_quant import shipped
 from clef_quant.documents import read_document, validated
 from clef_quant.evaluation.errors import RowError, TaskFileError
+from clef_quant.evaluation.expressions import (
+    JINJA2,
+    Expressions,
+    JinjaExpressions,
+    LabelNames,
+    LegacyExpressions,
+    Row,
+    key_text,
+)
 from clef_vllm.errors import RequestError
 from clef_vllm.request import ClefRequest, parse_request
 
 TASK_SUFFIX = ".yaml"
 REQUEST_MODEL = "clef-flash"  # echoed in responses only; the model that answers is the one being evaluated
-
-Row = Mapping[str, Any]
-LabelNames = Mapping[str, list[str]]  # ClassLabel column -> class names
-
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][\w.]*)(?:\|(\w+))?\}")
-FILTERS: dict[str, Callable[[str], str]] = {"readable": lambda text: text.replace("_", " ").strip()}
 
 
 class DatasetSpec(BaseModel):
@@ -66,6 +83,7 @@ class TaskBody(BaseModel):
     version: int
     description: str = ""
     optional: bool = False  # built and evaluated only when asked for by name (--task)
+    expressions: Literal["jinja2", "legacy"] = "legacy"  # absent: a file written before Jinja2, read as it was
     dataset: DatasetSpec
     request: dict[str, Any]
     gold: dict[str, Any]
@@ -78,6 +96,7 @@ class Task:
     body: TaskBody
     path: Path | Traversable  # a shipped task file is a Traversable
     sha256: str
+    expressions: Expressions  # the file's `request` and `gold`, ready to evaluate (Jinja2: compiled)
 
     @property
     def name(self) -> str:
@@ -89,7 +108,7 @@ class Task:
 
     def request(self, row: Row, names: LabelNames, record_id: str) -> dict[str, Any]:
         """The SystemOne request body of one row."""
-        template = self.body.request
+        template, evaluate = self.body.request, self.expressions.evaluate
         body = {
             "id": record_id,
             "model": REQUEST_MODEL,
@@ -101,7 +120,7 @@ class Task:
         return body
 
     def gold(self, row: Row, names: LabelNames) -> dict[str, str]:
-        return {qid: _option_id(evaluate(expr, row, names)) for qid, expr in self.body.gold.items()}
+        return {qid: _option_id(self.expressions.evaluate(expr, row, names)) for qid, expr in self.body.gold.items()}
 
     def record(self, row: Row, names: LabelNames, record_id: str) -> tuple[dict[str, Any], dict[str, str]]:
         """Request and gold of one row, both checked: the request is valid and every gold is one of its options.
@@ -133,123 +152,15 @@ def check_gold(request: ClefRequest, gold: Mapping[str, Any]) -> None:
             raise RowError(f"gold {answer!r} of question {qid} is not one of its options ({shown})")
 
 
-def gold_index(request: ClefRequest, gold: Mapping[str, str]) -> list[int]:
-    """Position of each question's gold option in model order (the order probabilities come in)."""
-    return [[o.id for o in q.options].index(gold[q.id]) for q in request.questions]
-
-
-# -- the expression language -----------------------------------------------------------------------------------
-
-
-def evaluate(expr: Any, row: Row, names: LabelNames) -> Any:
-    if isinstance(expr, str):
-        return _fill(expr, row)
-    if isinstance(expr, list):
-        return [evaluate(item, row, names) for item in expr]
-    if isinstance(expr, dict):
-        operators = [key for key in expr if isinstance(key, str) and key.startswith("$")]
-        if not operators:
-            return {str(key): evaluate(value, row, names) for key, value in expr.items()}
-        if len(operators) != 1 or operators[0] not in _OPERATORS:
-            raise TaskFileError(f"unknown or repeated operator in {expr!r}; known: {', '.join(_OPERATORS)}")
-        return _OPERATORS[operators[0]](expr, row, names)
-    return expr
-
-
-def _lookup(row: Row, path: str) -> Any:
-    value: Any = row
-    for part in path.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            raise TaskFileError(f"the row has no column {path!r}")
-        value = value[part]
-    return value
-
-
-def _fill(template: str, row: Row) -> str:
-    def one(match: re.Match[str]) -> str:
-        value = _lookup(row, match.group(1))
-        text = value if isinstance(value, str) else str(value)
-        if match.group(2):
-            if match.group(2) not in FILTERS:
-                raise TaskFileError(f"unknown filter |{match.group(2)}; known: {', '.join(FILTERS)}")
-            text = FILTERS[match.group(2)](text)
-        return text
-
-    return _PLACEHOLDER.sub(one, template)
-
-
-def _key_text(value: Any) -> str:
-    """Table keys and row values compare as text; YAML reads `true:` as a bool and `0:` as an int."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
 def _option_id(value: Any) -> str:
     if isinstance(value, str | int):  # bool is an int: True becomes "true"
-        return _key_text(value)
+        return key_text(value)
     raise RowError(f"a gold answer must be an option id, not {value!r}")
 
 
-def _op_column(expr: dict[str, Any], row: Row, names: LabelNames) -> Any:
-    return _lookup(row, expr["$column"])
-
-
-def _op_label_name(expr: dict[str, Any], row: Row, names: LabelNames) -> str:
-    column = expr["$label_name"]
-    if column not in names:
-        raise TaskFileError(f"column {column!r} is not a ClassLabel in this dataset, so its values have no names")
-    value = _lookup(row, column)
-    if not isinstance(value, int) or not 0 <= value < len(names[column]):
-        raise RowError(f"{column}={value!r} is not a class index of {len(names[column])} names")
-    return names[column][value]
-
-
-def _op_image(expr: dict[str, Any], row: Row, names: LabelNames) -> str:
-    import base64
-    import io
-
-    value = _lookup(row, expr["$image"])
-    if value is None:
-        raise RowError(f"the row has no image in {expr['$image']!r}")
-    if isinstance(value, Mapping):  # an undecoded Image feature: {"bytes", "path"}
-        if not value.get("bytes"):
-            raise RowError(f"the row has no image bytes in {expr['$image']!r}")
-        return base64.b64encode(value["bytes"]).decode("ascii")
-    if not hasattr(value, "save"):
-        raise RowError(f"{expr['$image']!r} is not an image")
-    buffer = io.BytesIO()
-    value.convert("RGB").save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def _op_map(expr: dict[str, Any], row: Row, names: LabelNames) -> Any:
-    table = {_key_text(key): value for key, value in (expr.get("values") or {}).items()}
-    value = _key_text(_lookup(row, expr["$map"]))
-    if value not in table:
-        raise RowError(f"{expr['$map']}={value!r} has no entry in the task's $map values ({', '.join(table)})")
-    return evaluate(table[value], row, names)
-
-
-def _op_zip(expr: dict[str, Any], row: Row, names: LabelNames) -> dict[str, Any]:
-    spec = expr["$zip"]
-    ids = evaluate(spec["ids"], row, names)
-    descriptions = evaluate(spec["descriptions"], row, names)
-    if not isinstance(ids, list) or not isinstance(descriptions, list):
-        raise RowError("$zip needs two lists (ids and descriptions)")
-    # The row decides how many options there are (ARC has 3 to 5); ids beyond the descriptions are unused.
-    if len(ids) < len(descriptions):
-        raise RowError(f"$zip has {len(descriptions)} descriptions but only {len(ids)} ids")
-    return {str(i): d for i, d in zip(ids, descriptions, strict=False)}
-
-
-_OPERATORS: dict[str, Callable[[dict[str, Any], Row, LabelNames], Any]] = {
-    "$column": _op_column,
-    "$label_name": _op_label_name,
-    "$map": _op_map,
-    "$zip": _op_zip,
-    "$image": _op_image,
-}
+def gold_index(request: ClefRequest, gold: Mapping[str, str]) -> list[int]:
+    """Position of each question's gold option in model order (the order probabilities come in)."""
+    return [[o.id for o in q.options].index(gold[q.id]) for q in request.questions]
 
 
 # -- loading task files ----------------------------------------------------------------------------------------
@@ -268,7 +179,11 @@ def load_task(path: Path | Traversable) -> Task:
         raise TaskFileError(f"{path}: request needs a state, a non-empty questions object and optionally images")
     if set(body.gold) != set(questions):
         raise TaskFileError(f"{path}: gold must name every question exactly once ({', '.join(questions)})")
-    return Task(body=body, path=path, sha256=hashlib.sha256(raw).hexdigest())
+    try:
+        expressions = JinjaExpressions([body.request, body.gold]) if body.expressions == JINJA2 else LegacyExpressions()
+    except TaskFileError as exc:
+        raise TaskFileError(f"{path}: {exc}") from None
+    return Task(body=body, path=path, sha256=hashlib.sha256(raw).hexdigest(), expressions=expressions)
 
 
 def load_tasks(folder: Path | Traversable | None = None, names: list[str] | None = None) -> list[Task]:
