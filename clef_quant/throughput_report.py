@@ -60,7 +60,7 @@ class ThroughputResult(BaseModel):
     source: str
     records: int
     tokens: int
-    batch_size: int
+    batch_size: int | None = None  # reports before the reference scored one record at a time: its batches
     max_model_len: int
     device: str
     engine: dict[str, Any]
@@ -78,11 +78,13 @@ def report_facts(result: ThroughputResult, command: str) -> dict[str, str]:
         "command": f"`{command}`",
         "records": f"{result.records} requests from `{result.source}`, {result.tokens} prompt tokens in all "
         f"(max model len {result.max_model_len})",
-        "reference": f"transformers, bf16, batches of {result.batch_size} records sorted by length (right-padded)",
+        "reference": "transformers, bf16, one record per forward pass"
+        if result.batch_size is None
+        else f"transformers, bf16, batches of {result.batch_size} records sorted by length (right-padded)",
         "plugin": f"one `ClefEngine.logits` call over all records; engine options {json.dumps(result.engine)}",
         "image rows": "generated requests (`clef_quant.bench.workload.image_requests`), one PNG of 48-160 px a side "
         "each; the reference runs records with media one at a time",
-        "timing": "one untimed warm-up batch per side, then every record once; model time only (encoding is done "
+        "timing": "untimed warm-up records on each side, then every record once; model time only (encoding is done "
         "before), perf_counter",
         "load": result.load,
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -67,17 +68,27 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 ENGINE_MAX_MODEL_LEN = 4096
 
 
+# Each in-process engine holds about 1 GiB (its KV cache) until closed; the suite asks for some twenty different
+# ones, which all kept alive outgrew the machine's memory. No test uses more than two at once.
+ENGINES_KEPT = 3
+
+
 @pytest.fixture(scope="session")
 def clef_engine():
-    """Factory for `ClefEngine`s, each started once per session and shared by every test that asks for it."""
+    """Factory for `ClefEngine`s, shared by every test that asks for the same one; the least recently asked-for
+    engine is closed once more than ENGINES_KEPT are open (in-process start takes seconds)."""
     from clef_vllm.engine import ClefEngine
 
-    engines: dict[tuple[str, str], ClefEngine] = {}
+    engines: OrderedDict[tuple[str, str], ClefEngine] = OrderedDict()
 
     def get(model: Path, **engine_kwargs) -> ClefEngine:
         key = (str(model), repr(sorted(engine_kwargs.items())))
-        if key not in engines:
-            engines[key] = ClefEngine(model, max_model_len=ENGINE_MAX_MODEL_LEN, enforce_eager=True, **engine_kwargs)
+        if key in engines:
+            engines.move_to_end(key)
+            return engines[key]
+        while len(engines) >= ENGINES_KEPT:
+            engines.popitem(last=False)[1].close()
+        engines[key] = ClefEngine(model, max_model_len=ENGINE_MAX_MODEL_LEN, enforce_eager=True, **engine_kwargs)
         return engines[key]
 
     return get

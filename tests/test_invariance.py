@@ -154,6 +154,28 @@ def test_two_eval_runs_store_the_same_probabilities(tiny_dir: Path, quantized_di
         assert records == second[side], f"{side}: probabilities differ between two runs"
 
 
+def test_the_reference_scores_a_record_the_same_beside_any_others(tiny_dir: Path, tmp_path: Path) -> None:
+    """eval rescores only the records whose stored line does not verify: each must get the bits it got among all
+    (records of every task: lengths from about 200 to 3,600 tokens, one to three questions)."""
+    from typer.testing import CliRunner
+
+    from clef_quant.cli import app
+    from clef_quant.evaluation.data import read_eval_data
+    from clef_quant.reference import ReferenceScorer
+
+    data = tmp_path / "data"
+    built = CliRunner().invoke(
+        app, ["build-data", "--out", str(data), "--source", str(FIXTURES), "--per-task", "2", "--calibration=0"]
+    )
+    assert built.exit_code == 0, built.output
+    records = read_eval_data(data).records
+    scorer = ReferenceScorer(tiny_dir, max_length=4096)
+    together = [scored.logits for scored in scorer.score([record.request for record in records])]
+    for record, logits in zip(records, together, strict=True):
+        (alone,) = scorer.score([record.request])
+        assert torch.equal(alone.logits, logits), f"{record.id} moved with the records beside it"
+
+
 def test_the_server_refuses_batching_flags_without_turning_invariance_off(tiny_dir: Path, capsys) -> None:
     from clef_vllm.server.cli import main
 

@@ -1,9 +1,9 @@
 """Throughput benchmark: records/s and tokens/s of the transformers reference and of the plugin, same records.
 
 Sides run one after another in one process (a shared CPU cannot host two models without each slowing the
-other): the bf16 reference through transformers (batches of `batch_size` records of similar length,
-right-padded), then each folder through the vLLM plugin (bf16, then the quantized folders as given; all records
-in one call, vLLM forms the batches). Every side first scores one batch untimed (lazy initialisation, first-call
+other): the bf16 reference through transformers (one record per forward pass, as `clef-quant eval` scores it),
+then each folder through the vLLM plugin (bf16, then the quantized folders as given; all records in one call,
+vLLM forms the batches). Every side first scores `warm_up` records untimed (lazy initialisation, first-call
 kernels), then all records timed. The time is model time: records are encoded before the clock starts, as
 `clef-quant eval` does.
 
@@ -78,7 +78,7 @@ def run_throughput(
     requests: Sequence[ClefRequest],
     *,
     source: str = "",
-    batch_size: int = 8,
+    warm_up: int = 8,
     max_model_len: int = 4096,
     device: str = "cpu",
     engine_kwargs: dict[str, Any] | None = None,
@@ -97,21 +97,19 @@ def run_throughput(
     stage("transformers reference: loading")
     began = time.perf_counter()
     scorer = ReferenceScorer(reference, dtype=torch.bfloat16, device=device, max_length=max_model_len)
-    # Batches of similar lengths: right padding to the batch's longest record would otherwise be timed as work
-    # (one 3,600-token BANKING77 record in a batch of 200-token records multiplies its cost by eight).
-    encodings = sorted((scorer.encode(r) for r in requests), key=lambda e: e.num_tokens)
+    encodings = [scorer.encode(r) for r in requests]
     _ = scorer.model  # load now, so the load is not timed as scoring
     loaded = time.perf_counter() - began
     stage("transformers reference: warm-up")
-    score_reference(scorer, encodings[:batch_size], batch_size)
+    score_reference(scorer, encodings[:warm_up])
     stage("transformers reference: timed")
-    timed = score_reference(scorer, encodings, batch_size)
+    timed = score_reference(scorer, encodings)
     rows.append(_row("bf16 reference", "transformers", reference, encodings, timed, loaded))
     if image_requests:
         stage("transformers reference: image records")
         with_images = [scorer.encode(r) for r in image_requests]
-        score_reference(scorer, with_images[:1], 1)
-        timed = score_reference(scorer, with_images, batch_size)
+        score_reference(scorer, with_images[:1])
+        timed = score_reference(scorer, with_images)
         rows.append(_row("bf16 reference, 1 image", "transformers", reference, with_images, timed, loaded))
     del scorer
     gc.collect()
@@ -126,12 +124,12 @@ def run_throughput(
         with engines.open(folder) as engine:
             started = time.perf_counter() - began
             stage(f"plugin {name}: warm-up")
-            score_plugin(engine, encodings[:batch_size])
+            score_plugin(engine, encodings[:warm_up])
             stage(f"plugin {name}: timed")
             timed = score_plugin(engine, encodings, chunk=len(encodings))
             if with_images:
                 stage(f"plugin {name}: image records")
-                score_plugin(engine, with_images[:batch_size])
+                score_plugin(engine, with_images[:warm_up])
                 image_timed = score_plugin(engine, with_images, chunk=len(with_images))
         rows.append(_row(name, "vLLM plugin", folder, encodings, timed, started))
         if with_images:
@@ -147,7 +145,6 @@ def run_throughput(
         source=source,
         records=len(requests),
         tokens=sum(e.num_tokens for e in encodings),
-        batch_size=batch_size,
         max_model_len=max_model_len,
         device=device,
         engine={k: repr(v) for k, v in engine_kwargs.items()},

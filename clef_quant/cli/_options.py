@@ -134,6 +134,21 @@ RENAMED_OPTIONS = {
 }
 
 
+# eval's and bench throughput's --batch-size of earlier versions: the reference scores one record per forward pass
+# now (clef_quant/reference.py says why). Still read, so older commands run, and said to be unused.
+BatchSizeRetiredOption = Annotated[int | None, typer.Option("--batch-size", min=1, hidden=True)]
+
+
+def warn_batch_size_retired(batch_size: int | None) -> None:
+    if batch_size is not None:
+        typer.secho(
+            "warning: --batch-size is no longer used: the reference scores one record per forward pass, so a "
+            "record's probabilities do not depend on the records scored beside it",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+
+
 def renamed_option(name: str) -> str:
     """The current name of an option given without its dashes (click's `token_normalize_func`)."""
     return RENAMED_OPTIONS.get(name, name)

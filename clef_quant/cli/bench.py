@@ -13,11 +13,13 @@ from rich.table import Table
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import (
     MAX_SEQ_LEN_HELP,
+    BatchSizeRetiredOption,
     EnforceEagerOption,
     device_option,
     dtype_option,
     eager_engine_kwargs,
     scheme_option,
+    warn_batch_size_retired,
 )
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import LLM_COMPRESSOR_QUIET, VLLM_QUIET, quiet_tools, stage_line
@@ -215,7 +217,7 @@ def throughput(
     fp8: Annotated[Path | None, typer.Option(hidden=True)] = None,
     nvfp4: Annotated[Path | None, typer.Option(hidden=True)] = None,
     records: Annotated[int, typer.Option(min=1, help="Requests scored by every side.")] = 64,
-    batch_size: Annotated[int, typer.Option(min=1, help="Records per transformers forward pass.")] = 8,
+    batch_size: BatchSizeRetiredOption = None,
     image_records: Annotated[
         int, typer.Option(min=0, help="Generated records with one image each, timed as their own row (0: none).")
     ] = 16,
@@ -250,6 +252,7 @@ def throughput(
     if not data.exists():
         raise fail(f"{data} does not exist", hint="clef-quant build-data --out DATA --source fixtures")
 
+    warn_batch_size_retired(batch_size)
     quiet_tools(False, VLLM_QUIET)
     requests = load_requests(data, records)
     with stage_line("benchmarking") as progress:
@@ -258,7 +261,6 @@ def throughput(
             [(f"plugin {name}", folder) for name, folder in folders],
             requests,
             source=str(data),
-            batch_size=batch_size,
             max_model_len=max_model_len,
             device=device,
             engine_kwargs=eager_engine_kwargs(enforce_eager),

@@ -10,7 +10,13 @@ from rich.console import Console
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
-from clef_quant.cli._options import EnforceEagerOption, device_option, eager_engine_kwargs
+from clef_quant.cli._options import (
+    BatchSizeRetiredOption,
+    EnforceEagerOption,
+    device_option,
+    eager_engine_kwargs,
+    warn_batch_size_retired,
+)
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import TRANSFORMERS_QUIET, VLLM_QUIET, RichProgress, quiet_tools, stage_line
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH
@@ -119,7 +125,7 @@ def evaluate(
     max_model_len: Annotated[
         int, typer.Option(min=1, help="Maximum prompt length in tokens, for both sides; the state is cut to fit.")
     ] = DEFAULT_MAX_LENGTH,
-    batch_size: Annotated[int, typer.Option(min=1, help="Records per transformers forward pass (reference).")] = 8,
+    batch_size: BatchSizeRetiredOption = None,
     device: Annotated[str, device_option("Where the reference runs: cpu, cuda or cuda:N.")] = "cpu",
     enforce_eager: EnforceEagerOption = False,
     batch_invariant: Annotated[
@@ -158,9 +164,9 @@ def evaluate(
         data=data,
         out=out,
         max_model_len=max_model_len,
-        batch_size=batch_size,
         device=device,
     )
+    warn_batch_size_retired(batch_size)
     records = read_eval_data(data)  # every line checked before a bar is drawn or a model loads
     engines = FreshEngines(max_model_len=max_model_len, batch_invariant=batch_invariant, **engine_kwargs)
     with RichProgress() as progress:

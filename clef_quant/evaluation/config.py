@@ -16,5 +16,4 @@ class EvalConfig:
     data: Path
     out: Path
     max_model_len: int = DEFAULT_MAX_LENGTH
-    batch_size: int = 8  # reference forward batch
     device: str = "cpu"  # where the reference runs; the plugin runs where vLLM runs

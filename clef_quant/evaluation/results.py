@@ -147,7 +147,6 @@ def results_dict(
             reference=str(config.reference),
             candidates=[str(c) for c in config.candidates],
             max_model_len=config.max_model_len,
-            batch_size=config.batch_size,
             reference_device=config.device,
             engine=engine_settings,
         ),

@@ -96,8 +96,6 @@ def run_eval(
     from clef_quant.reference import ReferenceScorer
 
     progress = progress or NoProgress()
-    if config.batch_size < 1:
-        raise DataError("--batch-size must be at least 1")
     data = data or read_eval_data(config.data)
     engines = engines or FreshEngines(max_model_len=config.max_model_len)
     try:
@@ -117,7 +115,7 @@ def run_eval(
 
     probs_dir = Path(config.out) / PROBS_DIR
     stores = {side.key: ProbabilityStore(probs_dir / f"{side.key}.jsonl", side.producer()) for side in sides}
-    _score_side(sides[0], data.records, stores[sides[0].key], _reference_scoring(scorer, config.batch_size), progress)
+    _score_side(sides[0], data.records, stores[sides[0].key], _reference_scoring(scorer), progress)
     del scorer  # the backbone's memory goes back before any engine starts
     gc.collect()
     for side in sides[1:]:
@@ -133,9 +131,9 @@ def run_eval(
     return EvalRun(results=results_dict(config, data, sides, engines.settings, values), sides=sides)
 
 
-def _reference_scoring(scorer: Any, batch_size: int) -> Callable[..., list[tuple[list[list[float]], float]]]:
+def _reference_scoring(scorer: Any) -> Callable[..., list[tuple[list[list[float]], float]]]:
     def score(encodings: list[Encoding], progress: Progress, bar: str) -> list[tuple[list[list[float]], float]]:
-        return score_reference(scorer, encodings, batch_size, progress, bar)
+        return score_reference(scorer, encodings, progress, bar)
 
     return score
 

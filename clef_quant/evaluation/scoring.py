@@ -26,20 +26,17 @@ def probabilities(encoding: Encoding, logits: torch.Tensor) -> list[list[float]]
 
 
 def score_reference(
-    scorer: Any, encodings: Sequence[Encoding], batch_size: int, progress: Progress | None = None, task: str = ""
+    scorer: Any, encodings: Sequence[Encoding], progress: Progress | None = None, task: str = ""
 ) -> list[tuple[list[list[float]], float]]:
-    """Probabilities and seconds of each record through transformers; a batch's time is shared by its records.
-
-    `progress` is told each batch's records as `task`."""
+    """Probabilities and seconds of each record through transformers, one record at a time (ReferenceScorer says
+    why). `progress` is told each record as `task`."""
     progress = progress or NoProgress()
     out: list[tuple[list[list[float]], float]] = []
-    for start in range(0, len(encodings), batch_size):
-        batch = list(encodings[start : start + batch_size])
+    for encoding in encodings:
         began = time.perf_counter()
-        logits = [x.float().cpu() for x in scorer.logits(batch)]  # .cpu() waits for the device
-        seconds = (time.perf_counter() - began) / len(batch)
-        out.extend((probabilities(e, x), seconds) for e, x in zip(batch, logits, strict=True))
-        progress.advance(task, len(batch))
+        logits = scorer.logits(encoding).float().cpu()  # .cpu() waits for the device
+        out.append((probabilities(encoding, logits), time.perf_counter() - began))
+        progress.advance(task, 1)
     return out
 
 

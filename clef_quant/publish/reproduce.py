@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from clef_quant.publish.card import CardConfig
 
 DEFAULT_DEVICE = "cpu"
-DEFAULT_BATCH_SIZE = 8  # clef-quant eval's --batch-size default
 
 
 def reproduce_commands(
@@ -115,8 +114,6 @@ def _evaluate(results: EvalResults, out: Path) -> str:
     words += ["--data", written.data.folder or "data", "--out", out]
     if config.max_model_len:
         words += ["--max-model-len", config.max_model_len]
-    if (config.batch_size or DEFAULT_BATCH_SIZE) != DEFAULT_BATCH_SIZE:
-        words += ["--batch-size", config.batch_size]
     if (config.reference_device or DEFAULT_DEVICE) != DEFAULT_DEVICE:
         words += ["--device", config.reference_device]
     engine = config.engine
