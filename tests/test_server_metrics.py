@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,10 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from servers import ENGINE_FLAGS
-from workloads import short_requests
+from workloads import TEST_STATE_WORDS, short_requests
 
 from clef_quant.bench.processes import free_port, server_env, systemone_command, wait_healthy
+from clef_quant.bench.workload import varied_requests
 
 pytestmark = pytest.mark.slow
 
@@ -167,20 +169,36 @@ def test_routes_are_labelled_by_template_whatever_the_path(server: Server) -> No
 
 
 def test_queue_depth_rises_under_load_and_falls_back_to_zero(server: Server) -> None:
-    bodies = short_requests(12, seed=11)
-    answers: list[int] = []
-    threads = [threading.Thread(target=lambda b=b: answers.append(server.post(b).status_code)) for b in bodies]
-    for thread in threads:
-        thread.start()
-    deepest = 0.0
-    while any(thread.is_alive() for thread in threads):
-        samples = server.scrape()
-        deepest = max(deepest, sum(value(samples, "clef_requests_in_progress", stage=s) for s in STAGES))
-        time.sleep(0.02)
-    for thread in threads:
-        thread.join()
+    # The longest test states on every request, so the load lasts a while; the scraper runs before the first
+    # client starts, since starting twelve clients takes the test process long enough to miss the load.
+    bodies = varied_requests(12, seed=11, state_words=(max(TEST_STATE_WORDS),))
+    depths: list[float] = []
+    stop = threading.Event()
+
+    def scrape_until_stopped() -> None:
+        while not stop.is_set():
+            samples = server.scrape()
+            depths.append(sum(value(samples, "clef_requests_in_progress", stage=s) for s in STAGES))
+            time.sleep(0.02)
+
+    # One client with a connection each, bodies serialized before: the requests leave together instead of one
+    # per client set up.
+    contents = [json.dumps(body).encode() for body in bodies]
+    headers = {**AUTH, "Content-Type": "application/json"}
+    limits = httpx.Limits(max_connections=len(bodies))
+    scraper = threading.Thread(target=scrape_until_stopped)
+    scraper.start()
+    with httpx.Client(base_url=server.url, headers=headers, timeout=300, limits=limits) as client:
+
+        def post(content: bytes) -> int:
+            return client.post("/v1/systemone", content=content).status_code
+
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            answers = list(pool.map(post, contents))
+    stop.set()
+    scraper.join()
     assert answers == [200] * len(bodies)
-    assert deepest >= 2  # twelve clients at once, one prompt per engine step: some of them wait
+    assert max(depths) >= 2  # twelve clients at once, one prompt per engine step: some of them wait
     after = server.scrape()
     assert [value(after, "clef_requests_in_progress", stage=stage) for stage in STAGES] == [0, 0]
 
