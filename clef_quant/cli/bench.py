@@ -10,14 +10,18 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from clef_quant.bench.modes import MODE_NAMES
+from clef_quant.bench.workload import SERVING_STATE_WORDS
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import (
     MAX_SEQ_LEN_HELP,
     BatchSizeRetiredOption,
     EnforceEagerOption,
+    EngineArgOption,
     device_option,
     dtype_option,
     eager_engine_kwargs,
+    name_choice,
     scheme_option,
     warn_batch_size_retired,
 )
@@ -195,6 +199,136 @@ def _long_inputs(model: Path, max_model_len: int, clients: int, out: Path, repor
     _write_report(out, join_section(report, section) if report.strip() else section)
     worst = max(row.worst for row in result.rows)
     typer.echo(f"worst small-request wait behind a long input {worst:.2f} s; wrote {out}")
+
+
+def _release_name(folder: Path) -> str:
+    """A release's row: its scheme's labels for a quantized folder (see `plugin_side_name`), bf16 for a source."""
+    from clef_quant.bench.throughput import plugin_side_name
+
+    return plugin_side_name(folder) if (folder / "clef_quant.json").is_file() else "bf16"
+
+
+@app.command("modes")
+@user_errors
+def modes(
+    release: Annotated[
+        list[Path],
+        typer.Option(
+            "--release",
+            metavar="FOLDER",
+            help="A release folder (bf16 or quantized), repeatable; all are scored on the same requests.",
+        ),
+    ],
+    mode: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--mode",
+            metavar="MODE",
+            parser=name_choice(MODE_NAMES, "unknown mode {value!r}"),
+            help=f"A serving mode, repeatable: {', '.join(MODE_NAMES)}. Default: invariant and batched.",
+        ),
+    ] = None,
+    records: Annotated[int, typer.Option(min=8, help="Requests in the workload.")] = 64,
+    state_words: Annotated[
+        int, typer.Option(min=1, help="Words in each request's state (325: about 1,500 tokens).")
+    ] = SERVING_STATE_WORDS,
+    max_model_len: Annotated[int, typer.Option("--max-model-len", min=256, help="The engines' maximum length.")] = 4096,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs of the whole workload per engine.")] = 3,
+    probes: Annotated[int, typer.Option(min=1, help="Requests also scored alone, for the invariance check.")] = 16,
+    latency_requests: Annotated[int, typer.Option(min=1, help="Single requests timed one after another.")] = 20,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            metavar="RELEASE:MODE",
+            help="Profile single requests of one release (its row name, e.g. FP8_DYNAMIC) in one mode: kernel time "
+            "by part of the model and the GPU's idle time.",
+        ),
+    ] = None,
+    serve: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="RELEASE",
+            help="Also serve this release (row name) with clef-systemone in the default mode at 1, 8 and 64 "
+            "clients; repeatable.",
+        ),
+    ] = None,
+    enforce_eager: EnforceEagerOption = False,
+    engine_arg: EngineArgOption = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Report path (markdown, JSON beside it).", show_default="bench/results/modes-<device>.md"),
+    ] = None,
+) -> None:
+    """Each release in each serving mode, side by side in one run: records/s and tokens/s, whether a request
+    alone gets the bits it gets inside a full batch, single-request latency, and optionally clef-systemone at 1,
+    8 and 64 clients and a profile of where a request's time goes. Meant for GPUs; runs on a CPU too.
+
+    Example: clef-quant bench modes --release flash --release flash-FP8_DYNAMIC --mode invariant --mode batched \
+        --serve FP8_DYNAMIC --profile FP8_DYNAMIC:invariant --out bench/results/serve-h200.md
+    """
+    import torch
+    import transformers
+    import vllm
+
+    from clef_quant.bench.environment import machine_name
+    from clef_quant.bench.modes import MODES, ModesResult, run_modes
+    from clef_quant.bench.modes_report import write_report
+    from clef_quant.bench.workload import serving_requests
+    from clef_vllm.encoder import Encoder
+    from clef_vllm.request import parse_request
+
+    for folder in release:
+        _require_release(folder)
+    names = [_release_name(folder) for folder in release]
+    if len(set(names)) != len(names):
+        raise fail(f"two releases have the same row name ({', '.join(names)}); give each scheme once")
+    chosen = [MODES[name] for name in (mode or ["invariant", "batched"])]
+    profiled = None
+    if profile is not None:
+        scheme, _, mode_name = profile.rpartition(":")
+        if scheme not in names or mode_name not in [m.name for m in chosen]:
+            raise fail(f"--profile {profile}: name one of the releases ({', '.join(names)}) and a chosen mode")
+        profiled = (scheme, mode_name)
+    for name in serve or []:
+        if name not in names:
+            raise fail(f"--serve {name}: not one of the releases ({', '.join(names)})")
+    engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out = out or Path(f"bench/results/modes-{device.type}.md")
+    bodies = serving_requests(records, seed=0, state_words=state_words)
+    encoder = Encoder(release[0], max_length=max_model_len)
+    tokens = sum(encoder.encode(parse_request(body)).num_tokens for body in bodies)
+    result = ModesResult(
+        machine=machine_name(device),
+        versions=f"vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}",
+        command=_command_line(),
+        records=records,
+        tokens=tokens,
+        questions=3,
+        max_model_len=max_model_len,
+    )
+    quiet_tools(False, VLLM_QUIET)
+    with stage_line("benchmarking") as progress:
+        run_modes(
+            list(zip(names, release, strict=True)),
+            chosen,
+            bodies,
+            result,
+            out.with_suffix(".json"),
+            repeats=repeats,
+            probes=min(probes, records),
+            latency_requests=min(latency_requests, records),
+            profile=profiled,
+            server_releases=serve,
+            engine_kwargs=engine_kwargs,
+            server_flags=[
+                *(["--enforce-eager"] if enforce_eager else []),
+                *(flag for item in engine_arg or [] for flag in ("--engine-arg", item)),
+            ],
+            progress=progress,
+        )
+    written = write_report(result, out)
+    typer.echo(f"wrote {' and '.join(map(str, written))}")
 
 
 @app.command("throughput")
