@@ -20,12 +20,14 @@ import json
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clef_quant.bench.profile_trace import Breakdown, kernel_breakdown, newest_trace
 from clef_quant.progress import Progress, Stages
+from clef_vllm.invariance import BF16_GEMM_ENV
+from clef_vllm.request import DEFAULT_LIMITS
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +41,7 @@ class Mode:
     batch_invariant: bool
     engine_kwargs: dict[str, Any]
     about: str
+    env: dict[str, str] = field(default_factory=dict)  # read by the engine's processes when they start
 
 
 # Same token budget per step for the batched modes, so their difference is the invariance, not the step size.
@@ -47,6 +50,13 @@ MODES = {
     mode.name: mode
     for mode in (
         Mode("invariant", True, {}, "the default: answers independent of load"),
+        Mode(
+            "invariant-cublas",
+            True,
+            {},
+            "the default with cuBLAS (split-K off) for bf16 linears instead of vLLM's batch-invariant Triton matmul",
+            env={BF16_GEMM_ENV: "cublas"},
+        ),
         Mode(
             "batched",
             False,
@@ -59,6 +69,8 @@ MODES = {
     )
 }
 MODE_NAMES = tuple(MODES)
+# The workload is text: the vision tower stays unloaded, as `clef-systemone --language-model-only` does.
+TEXT_ONLY = replace(DEFAULT_LIMITS, max_images=0, max_videos=0)
 CLIENT_COUNTS = (1, 8, 64)
 
 
@@ -109,6 +121,17 @@ class ModesResult:
     runs: list[ModeRun] = field(default_factory=list)
     servers: list[ServerRun] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+
+def read_result(path: Path) -> ModesResult:
+    """A result that `run_modes` saved, to add more releases or modes to."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    runs = []
+    for run in data.pop("runs"):
+        breakdown = run.pop("breakdown")
+        runs.append(ModeRun(**run, breakdown=None if breakdown is None else Breakdown(**breakdown)))
+    servers = [ServerRun(**server) for server in data.pop("servers")]
+    return ModesResult(**data, runs=runs, servers=servers)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -176,9 +199,27 @@ def profile_single_requests(engine: Any, encodings: list[Any], trace_dir: Path) 
         engine.logits([encoding])
     wall_ms = (time.perf_counter() - start) * 1000 / len(encodings)
     engine.llm.stop_profile()
-    breakdown = kernel_breakdown(newest_trace(trace_dir), requests=len(encodings))
+    breakdown = kernel_breakdown(written_trace(trace_dir), requests=len(encodings))
     breakdown.wall_ms = wall_ms
     return breakdown
+
+
+def written_trace(trace_dir: Path, timeout_s: float = 180.0) -> Path:
+    """The trace the workers write after `stop_profile`, once its size has stopped changing."""
+    deadline = time.monotonic() + timeout_s
+    last = -1
+    while True:
+        try:
+            trace = newest_trace(trace_dir)
+            size = trace.stat().st_size
+        except FileNotFoundError:
+            trace, size = None, -1
+        if trace is not None and size == last and size > 0:
+            return trace
+        if time.monotonic() > deadline:
+            return newest_trace(trace_dir)
+        last = size
+        time.sleep(2.0)
 
 
 def profiler_engine_kwargs(trace_dir: Path) -> dict[str, Any]:
@@ -188,6 +229,7 @@ def profiler_engine_kwargs(trace_dir: Path) -> dict[str, Any]:
             "torch_profiler_dir": str(trace_dir.resolve()),
             "torch_profiler_with_stack": False,
             "torch_profiler_use_gzip": False,
+            "torch_profiler_dump_cuda_time_total": False,
             "ignore_frontend": True,
         }
     }
@@ -195,11 +237,26 @@ def profiler_engine_kwargs(trace_dir: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def started_engine(folder: Path, mode: Mode, max_model_len: int, extra: dict[str, Any]) -> Iterator[Any]:
+    import os
+
     from clef_vllm.engine import ClefEngine
 
-    engine = ClefEngine(
-        folder, max_model_len=max_model_len, batch_invariant=mode.batch_invariant, **{**mode.engine_kwargs, **extra}
-    )
+    saved = {name: os.environ.get(name) for name in mode.env}
+    os.environ.update(mode.env)
+    try:
+        engine = ClefEngine(
+            folder,
+            max_model_len=max_model_len,
+            batch_invariant=mode.batch_invariant,
+            limits=TEXT_ONLY,
+            **{**mode.engine_kwargs, **extra},
+        )
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     try:
         yield engine
     finally:
@@ -209,8 +266,7 @@ def started_engine(folder: Path, mode: Mode, max_model_len: int, extra: dict[str
 
 
 def run_modes(
-    releases: list[tuple[str, Path]],
-    modes: list[Mode],
+    releases: list[tuple[str, Path, list[Mode]]],
     bodies: list[dict[str, Any]],
     result: ModesResult,
     save_to: Path,
@@ -224,7 +280,7 @@ def run_modes(
     server_flags: list[str] | None = None,
     progress: Progress | None = None,
 ) -> ModesResult:
-    """Every release in every mode, then the servers; `profile` names the (scheme, mode) pair to profile."""
+    """Every release in each of its modes, then the servers; `profile` names the (release, mode) pair to profile."""
     from clef_vllm.encoder import Encoder
     from clef_vllm.request import parse_request
 
@@ -235,7 +291,7 @@ def run_modes(
     stage = Stages(progress)
     encoder = Encoder(releases[0][1], max_length=result.max_model_len)
     encodings = [encoder.encode(parse_request(body)) for body in bodies]
-    for scheme, folder in releases:
+    for scheme, folder, modes in releases:
         for mode in modes:
             stage(f"{scheme}, {mode.name}")
             extra = dict(engine_kwargs or {})
@@ -264,7 +320,7 @@ def run_modes(
             except Exception as exc:  # one mode that cannot run on this machine is a result, not the end of the run
                 run.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
             save()
-    for scheme, folder in releases:
+    for scheme, folder, _ in releases:
         if scheme not in (server_releases or []):
             continue
         stage(f"clef-systemone, {scheme}")

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from clef_quant.bench.modes import MODE_NAMES
+from clef_quant.bench.modes import MODE_NAMES, Mode, ModesResult
 from clef_quant.bench.workload import SERVING_STATE_WORDS
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import (
@@ -208,15 +208,44 @@ def _release_name(folder: Path) -> str:
     return plugin_side_name(folder) if (folder / "clef_quant.json").is_file() else "bf16"
 
 
+def _appended(saved: Path, new: ModesResult) -> ModesResult:
+    """The report at `saved` with `new`'s command added, refused when the workload or machine differ."""
+    from clef_quant.bench.modes import read_result
+
+    if not saved.is_file():
+        raise fail(f"--append: {saved} does not exist", hint="run once without --append")
+    old = read_result(saved)
+    same = ("machine", "records", "tokens", "questions", "max_model_len")
+    differing = [name for name in same if getattr(old, name) != getattr(new, name)]
+    if differing:
+        raise fail(f"--append: {saved} measured another {' and '.join(differing)}")
+    old.command = f"{old.command}` then `{new.command}"
+    return old
+
+
+def _release_and_modes(given: str, default: list[Mode]) -> tuple[Path, list[Mode]]:
+    """`FOLDER` or `FOLDER@MODE,MODE` -> the folder and the modes it runs in."""
+    from clef_quant.bench.modes import MODES
+
+    folder, sep, names = given.rpartition("@")
+    if not sep:
+        return Path(given), default
+    unknown = [name for name in names.split(",") if name not in MODES]
+    if unknown:
+        raise fail(f"--release {given}: unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}")
+    return Path(folder), [MODES[name] for name in names.split(",")]
+
+
 @app.command("modes")
 @user_errors
 def modes(
     release: Annotated[
-        list[Path],
+        list[str],
         typer.Option(
             "--release",
-            metavar="FOLDER",
-            help="A release folder (bf16 or quantized), repeatable; all are scored on the same requests.",
+            metavar="FOLDER[@MODE,...]",
+            help="A release folder (bf16 or quantized), repeatable; all are scored on the same requests. "
+            "FOLDER@MODE,MODE runs that release in those modes only.",
         ),
     ],
     mode: Annotated[
@@ -254,6 +283,14 @@ def modes(
     ] = None,
     enforce_eager: EnforceEagerOption = False,
     engine_arg: EngineArgOption = None,
+    append: Annotated[
+        bool,
+        typer.Option(
+            "--append",
+            help="Add these runs to the report already at --out (same workload and machine), e.g. a second batch of "
+            "releases measured right after the first.",
+        ),
+    ] = False,
     out: Annotated[
         Path | None,
         typer.Option(help="Report path (markdown, JSON beside it).", show_default="bench/results/modes-<device>.md"),
@@ -277,17 +314,20 @@ def modes(
     from clef_vllm.encoder import Encoder
     from clef_vllm.request import parse_request
 
-    for folder in release:
+    chosen = [MODES[name] for name in (mode or ["invariant", "batched"])]
+    releases = []
+    for given in release:
+        folder, modes_of = _release_and_modes(given, chosen)
         _require_release(folder)
-    names = [_release_name(folder) for folder in release]
+        releases.append((_release_name(folder), folder, modes_of))
+    names = [name for name, _, _ in releases]
     if len(set(names)) != len(names):
         raise fail(f"two releases have the same row name ({', '.join(names)}); give each scheme once")
-    chosen = [MODES[name] for name in (mode or ["invariant", "batched"])]
     profiled = None
     if profile is not None:
         scheme, _, mode_name = profile.rpartition(":")
-        if scheme not in names or mode_name not in [m.name for m in chosen]:
-            raise fail(f"--profile {profile}: name one of the releases ({', '.join(names)}) and a chosen mode")
+        if not any(name == scheme and mode_name in [m.name for m in m_] for name, _, m_ in releases):
+            raise fail(f"--profile {profile}: name one of the releases ({', '.join(names)}) and one of its modes")
         profiled = (scheme, mode_name)
     for name in serve or []:
         if name not in names:
@@ -296,7 +336,7 @@ def modes(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = out or Path(f"bench/results/modes-{device.type}.md")
     bodies = serving_requests(records, seed=0, state_words=state_words)
-    encoder = Encoder(release[0], max_length=max_model_len)
+    encoder = Encoder(releases[0][1], max_length=max_model_len)
     tokens = sum(encoder.encode(parse_request(body)).num_tokens for body in bodies)
     result = ModesResult(
         machine=machine_name(device),
@@ -307,11 +347,12 @@ def modes(
         questions=3,
         max_model_len=max_model_len,
     )
+    if append:
+        result = _appended(out.with_suffix(".json"), result)
     quiet_tools(False, VLLM_QUIET)
     with stage_line("benchmarking") as progress:
         run_modes(
-            list(zip(names, release, strict=True)),
-            chosen,
+            releases,
             bodies,
             result,
             out.with_suffix(".json"),

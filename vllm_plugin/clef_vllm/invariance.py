@@ -14,6 +14,10 @@ prefilled whole, from a zero state, by kernels that walk each sequence on its ow
 refusal does not apply and `accept_gdn_layers` lifts it for the Clef model only. With chunked prefill off (1),
 prompts share a step without changing each other's bits, and the engine keeps vLLM's batching.
 
+vLLM's mode also sends every bf16 linear layer through its own persistent Triton matmul. On Hopper and newer,
+cuBLAS without split-K (which the mode already forces through the cuBLAS workspace settings) keeps a row's
+reduction order too; `CLEF_INVARIANT_BF16_GEMM=cublas` keeps cuBLAS for those layers (`bench modes` measures both).
+
 On a CPU there is no such mode: oneDNN's bf16 GEMMs round a row differently with the number of rows in the call.
 There, invariance means one whole prompt per step (`ONE_PROMPT_PER_STEP`), at the cost of batching.
 """
@@ -21,8 +25,10 @@ There, invariance means one whole prompt per step (`ONE_PROMPT_PER_STEP`), at th
 from __future__ import annotations
 
 import os
+from typing import Any
 
 BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
+BF16_GEMM_ENV = "CLEF_INVARIANT_BF16_GEMM"  # "triton" (vLLM's batch-invariant matmul, the default) or "cublas"
 # Whole prompts per step on a GPU: enough tokens for about ten 1.5k-token records, a step size at which an H200's
 # GEMMs are compute bound.
 GPU_STEP_TOKENS = 16384
@@ -70,4 +76,22 @@ def accept_gdn_layers() -> None:
 
 
 def _prefill_only_invariant(cls: type) -> bool:
+    return True
+
+
+def keep_cublas_for_bf16_linears() -> bool:
+    """Under vLLM's batch-invariant mode, run unquantized linear layers through cuBLAS (split-K off) instead of
+    vLLM's Triton matmul, when asked to and the GPU is Hopper or newer. Returns whether it did."""
+    import torch
+
+    if os.environ.get(BF16_GEMM_ENV, "triton") != "cublas" or not torch.cuda.is_available():
+        return False
+    if torch.cuda.get_device_capability()[0] < 9:
+        return False
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    def apply(self: Any, layer: Any, x: Any, bias: Any = None) -> Any:
+        return self._gemm_impl(layer, x, layer.weight, bias)
+
+    UnquantizedLinearMethod.apply = apply  # type: ignore[method-assign]
     return True

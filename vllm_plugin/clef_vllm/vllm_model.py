@@ -32,7 +32,7 @@ from clef_vllm.errors import CheckpointError, SettingsError
 from clef_vllm.head import JointSchemaHead
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS, HeadConfig, find_head_dir, load_head
 from clef_vllm.head_graphs import GraphedHead
-from clef_vllm.invariance import accept_gdn_layers, invariant_kernels_on
+from clef_vllm.invariance import accept_gdn_layers, invariant_kernels_on, keep_cublas_for_bf16_linears
 from clef_vllm.pooling_contract import POOLER_RANGE, parse_pooling_schema
 from clef_vllm.schema import RecordSchema
 
@@ -165,6 +165,7 @@ class ClefFlashForJointSchema(Qwen3_5ForConditionalGeneration):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "model") -> None:
         if invariant_kernels_on():
             accept_gdn_layers()  # before the layers pick their attention backends
+            keep_cublas_for_bf16_linears()
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         model_config = vllm_config.model_config
         self.head_dir = find_head_dir(local_release_dir(model_config.model, model_config.revision))

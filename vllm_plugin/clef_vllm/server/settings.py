@@ -123,15 +123,22 @@ class ServeConfig:
     tensor_parallel_size: int = setting(1, help="tensor parallel size", flag="--tp", at_least=1)
     data_parallel_size: int = setting(1, help="data parallel engines (one per GPU), one port", flag="--dp", at_least=1)
     # One whole prompt per engine step: the same request gets the same bits whatever else is in flight.
+    # Answers that do not move with load (clef_vllm.invariance: batch-invariant kernels on a GPU, one prompt per
+    # step on a CPU).
     batch_invariant: bool = setting(
         True,
-        help="let vLLM batch several prompts per step and split long ones (--max-num-seqs, "
-        "--max-num-batched-tokens): more requests/s under load, but probabilities then move in the third decimal "
-        "with what else is in flight. By default each step runs one whole prompt and answers never depend on load",
+        help="let vLLM batch and split prompts freely (--max-num-seqs, --max-num-batched-tokens): probabilities then "
+        "move in the third decimal with what else is in flight. By default answers never depend on load: on a GPU "
+        "vLLM batches whole prompts with its batch-invariant kernels, on a CPU each step runs one whole prompt",
     )
-    max_num_seqs: int | None = setting(None, help="prompts per engine step (needs --no-batch-invariant)")
+    max_num_seqs: int | None = setting(
+        None,
+        help="prompts per engine step (default: vLLM's on a GPU, 1 on a CPU, where more need --no-batch-invariant)",
+    )
     max_num_batched_tokens: int | None = setting(
-        None, help="tokens per engine step (default --max-model-len; lower values need --no-batch-invariant)"
+        None,
+        help="tokens per engine step (default: the larger of 16384 and --max-model-len on a GPU, --max-model-len on "
+        "a CPU; lower values need --no-batch-invariant)",
     )
     enforce_eager: bool = setting(
         False, help="skip graph capture and compilation (on a GPU both are on by default; a CPU starts faster without)"
