@@ -148,6 +148,11 @@ def serve(
             "12 MB of instructions), written as the report's last section; --clients small clients.",
         ),
     ] = False,
+    device: Annotated[
+        str,
+        device_option("Where the reference runs; the engines run where vLLM runs (eager only on a CPU)."),
+    ] = "cpu",
+    engine_arg: EngineArgOption = None,
     out: Annotated[Path, typer.Option(help="Report path.")] = Path("bench/results/serve-cpu.md"),
 ) -> None:
     """Server requests/s at N concurrent clients vs the offline engine's records/s, both with and without batch
@@ -169,9 +174,12 @@ def serve(
         _long_inputs(model, max_model_len, clients or 4, out, report)
         return
     clients = clients or 32
+    eager_engine_kwargs(False, engine_arg)  # a bad --engine-arg is refused before anything starts
     with stage_line("benchmarking") as progress:
         result = run_serve_bench(
             model,
+            device=device,
+            engine_arg=engine_arg or [],
             records=records,
             clients=clients,
             max_model_len=max_model_len,
@@ -179,7 +187,7 @@ def serve(
             compress_above=None if compress_above < 0 else compress_above,
             progress=progress,
         )
-    markdown = render_markdown(result, _command_line(), machine_name(torch.device("cpu")))
+    markdown = render_markdown(result, _command_line(), machine_name(torch.device(device)))
     _write_report(out, join_section(markdown, section), result_json(result))
     typer.echo(
         f"server/offline {result.server_over_offline:.3f}, plugin/reference {result.plugin_over_reference:.2f}; "
@@ -401,6 +409,7 @@ def throughput(
         str, device_option("Where the reference runs: cpu, cuda or cuda:N (the plugin runs where vLLM runs).")
     ] = "cpu",
     enforce_eager: EnforceEagerOption = False,
+    engine_arg: EngineArgOption = None,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -428,6 +437,7 @@ def throughput(
         raise fail(f"{data} does not exist", hint="clef-quant build-data --out DATA --source fixtures")
 
     warn_batch_size_retired(batch_size)
+    engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
     quiet_tools(False, VLLM_QUIET)
     requests = load_requests(data, records)
     with stage_line("benchmarking") as progress:
@@ -438,7 +448,7 @@ def throughput(
             source=str(data),
             max_model_len=max_model_len,
             device=device,
-            engine_kwargs=eager_engine_kwargs(enforce_eager),
+            engine_kwargs=engine_kwargs,
             progress=progress,
             image_requests=[parse_request(body) for body in image_requests(image_records, seed=0)],
         )
