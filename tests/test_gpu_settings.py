@@ -13,25 +13,42 @@ from clef_vllm.errors import SettingsError
 
 def test_on_a_gpu_the_invariant_mode_batches_whole_prompts():
     from clef_vllm.engine import schedule_args
+    from clef_vllm.invariance import KERNELS
 
-    args = schedule_args(max_model_len=4096, gpu=True)
+    args = schedule_args(max_model_len=4096, method=KERNELS)
     assert args == {"enable_chunked_prefill": False, "max_num_batched_tokens": 16384}
     # A longer model length raises the step budget to hold the longest prompt whole.
-    assert schedule_args(max_model_len=32768, gpu=True)["max_num_batched_tokens"] == 32768
+    assert schedule_args(max_model_len=32768, method=KERNELS)["max_num_batched_tokens"] == 32768
     # Several prompts per step are the point on a GPU, so max_num_seqs is the user's.
-    assert schedule_args(max_model_len=4096, max_num_seqs=64, gpu=True)["max_num_seqs"] == 64
+    assert schedule_args(max_model_len=4096, max_num_seqs=64, method=KERNELS)["max_num_seqs"] == 64
     with pytest.raises(SettingsError, match="long prompts would be split across steps"):
-        schedule_args(max_model_len=4096, max_num_batched_tokens=2048, gpu=True)
+        schedule_args(max_model_len=4096, max_num_batched_tokens=2048, method=KERNELS)
 
 
 def test_on_a_cpu_the_invariant_mode_runs_one_prompt_per_step():
     from clef_vllm.engine import schedule_args
+    from clef_vllm.invariance import KERNELS, ONE_PROMPT_PER_STEP
 
-    assert schedule_args(max_model_len=4096, gpu=False) == {"max_num_seqs": 1, "max_num_batched_tokens": 4096}
-    with pytest.raises(SettingsError, match="on a CPU makes answers depend on load"):
-        schedule_args(max_model_len=4096, max_num_seqs=8, gpu=False)
+    assert schedule_args(max_model_len=4096, method=ONE_PROMPT_PER_STEP) == {
+        "max_num_seqs": 1,
+        "max_num_batched_tokens": 4096,
+    }
+    with pytest.raises(SettingsError, match="puts several prompts in one engine step, which here"):
+        schedule_args(max_model_len=4096, max_num_seqs=8, method=ONE_PROMPT_PER_STEP)
     # Batched mode leaves vLLM's scheduler alone on either device.
-    assert schedule_args(max_model_len=4096, batch_invariant=False, gpu=True) == {}
+    assert schedule_args(max_model_len=4096, batch_invariant=False, method=KERNELS) == {}
+
+
+def test_nvfp4_releases_run_one_prompt_per_step_on_gpus_without_fp4_kernels(tiny_dir, quantized_dir):
+    from clef_vllm.invariance import KERNELS, ONE_PROMPT_PER_STEP, invariance_method
+
+    nvfp4, fp8 = quantized_dir("nvfp4"), quantized_dir("fp8-dynamic")
+    hopper, blackwell = 9, 10
+    assert invariance_method(True, nvfp4, capability=hopper) == ONE_PROMPT_PER_STEP
+    assert invariance_method(True, nvfp4, capability=blackwell) == KERNELS
+    for folder in (tiny_dir, fp8):
+        assert invariance_method(True, folder, capability=hopper) == KERNELS
+    assert invariance_method(False, fp8) == ONE_PROMPT_PER_STEP
 
 
 def test_a_gpu_engine_runs_triton_gdn_prefill_without_flashinfer_unless_told_otherwise():

@@ -34,7 +34,7 @@ from clef_vllm.answers import response_from_logits
 from clef_vllm.encoder import Encoder
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
 from clef_vllm.errors import RequestError, SettingsError
-from clef_vllm.invariance import GPU_STEP_TOKENS, set_invariant_kernels, uses_gpu
+from clef_vllm.invariance import GPU_STEP_TOKENS, KERNELS, invariance_method, set_invariant_kernels, uses_gpu
 from clef_vllm.plugin import ARCHITECTURE
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.release_source import local_release
@@ -59,10 +59,10 @@ def schedule_args(
     batch_invariant: bool = True,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
-    gpu: bool | None = None,
+    method: str | None = None,
 ) -> dict[str, Any]:
-    """The scheduler limits for vLLM. With `batch_invariant` no prompt is split across steps; on a CPU
-    (`gpu=False`) each step also runs only one prompt. `gpu=None`: this machine's."""
+    """The scheduler limits for vLLM. With `batch_invariant` no prompt is split across steps, and with the
+    one-prompt-per-step method (`clef_vllm.invariance`; default: this machine's) each step runs one prompt."""
     if not batch_invariant:
         args: dict[str, Any] = {}
         if max_num_seqs is not None:
@@ -75,7 +75,7 @@ def schedule_args(
             f"max_num_batched_tokens={max_num_batched_tokens} is below max_model_len={max_model_len}: long "
             "prompts would be split across steps; turn batch invariance off to allow it"
         )
-    if uses_gpu() if gpu is None else gpu:
+    if (method or invariance_method(uses_gpu())) == KERNELS:
         args = {
             "enable_chunked_prefill": False,
             "max_num_batched_tokens": max_num_batched_tokens or max(max_model_len, GPU_STEP_TOKENS),
@@ -85,8 +85,8 @@ def schedule_args(
         return args
     if max_num_seqs not in (None, 1):
         raise SettingsError(
-            f"max_num_seqs={max_num_seqs} puts several prompts in one engine step, which on a CPU makes answers "
-            "depend on load; turn batch invariance off to allow it"
+            f"max_num_seqs={max_num_seqs} puts several prompts in one engine step, which here (on a CPU, or NVFP4 "
+            "on a GPU without FP4 kernels) makes answers depend on load; turn batch invariance off to allow it"
         )
     return {"max_num_seqs": 1, "max_num_batched_tokens": max_num_batched_tokens or max_model_len}
 
@@ -121,7 +121,7 @@ def engine_args(
         batch_invariant=batch_invariant,
         max_num_seqs=overrides.pop("max_num_seqs", None),
         max_num_batched_tokens=overrides.pop("max_num_batched_tokens", None),
-        gpu=gpu,
+        method=invariance_method(gpu, model),
     )
 
     args: dict[str, Any] = {
@@ -142,11 +142,11 @@ def engine_args(
     return args
 
 
-def prepare_engine_process(batch_invariant: bool) -> None:
+def prepare_engine_process(batch_invariant: bool, model: str | Path) -> None:
     """Process-wide settings an engine about to start reads: the CPU KV cache size, and vLLM's batch-invariant
-    kernels on a GPU when answers must not move with load."""
+    kernels when answers must not move with load and they cover the model here."""
     apply_cpu_defaults()
-    set_invariant_kernels(batch_invariant and uses_gpu())
+    set_invariant_kernels(batch_invariant and invariance_method(uses_gpu(), model) == KERNELS)
 
 
 # Engines whose core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) share vLLM's process-wide
@@ -192,7 +192,7 @@ class ClefEngine:
         self.limits = limits
         self.batch_invariant = batch_invariant
         self.encoder = Encoder(self.model, max_length=max_model_len, media=limits.media_enabled)
-        prepare_engine_process(batch_invariant)
+        prepare_engine_process(batch_invariant, model)
         show_vllm_warnings_once()
         self.llm = LLM(**args)
         show_vllm_warnings_once()  # again: the engine's modules brought their own loggers

@@ -16,7 +16,15 @@ prompts share a step without changing each other's bits, and the engine keeps vL
 
 vLLM's mode also sends every bf16 linear layer through its own persistent Triton matmul. On Hopper and newer,
 cuBLAS without split-K (which the mode already forces through the cuBLAS workspace settings) keeps a row's
-reduction order too; `CLEF_INVARIANT_BF16_GEMM=cublas` keeps cuBLAS for those layers (`bench modes` measures both).
+reduction order too, and is faster: on an H200 (bench/results/serve-h200.md) both gave every request the bits it
+got alone inside a 64-request batch, at 25.5 records/s with cuBLAS against 20.2 with the Triton matmul (25.3
+batched). So bf16 linears keep cuBLAS there; `CLEF_INVARIANT_BF16_GEMM=triton` asks for vLLM's matmul (single
+requests were faster with it: 75 ms p50 against 124). Before Hopper, vLLM's matmul is the only invariant one.
+
+Where vLLM has no batch-invariant kernel for a layer, the mode cannot run: on GPUs without FP4 tensor cores
+(before Blackwell), vLLM's batch-invariant mode offers no NVFP4 kernel ("EmulationNvFp4LinearKernel does not
+support W4A16"; Marlin splits K by the problem size). NVFP4 and NVFP4A16 releases there run one whole prompt per
+step instead, as on a CPU.
 
 On a CPU there is no such mode: oneDNN's bf16 GEMMs round a row differently with the number of rows in the call.
 There, invariance means one whole prompt per step (`ONE_PROMPT_PER_STEP`), at the cost of batching.
@@ -24,11 +32,15 @@ There, invariance means one whole prompt per step (`ONE_PROMPT_PER_STEP`), at th
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
-BF16_GEMM_ENV = "CLEF_INVARIANT_BF16_GEMM"  # "triton" (vLLM's batch-invariant matmul, the default) or "cublas"
+BF16_GEMM_ENV = "CLEF_INVARIANT_BF16_GEMM"  # "cublas" (split-K off, the default on Hopper and newer) or "triton"
+# FP4 tensor cores, and with them vLLM's batch-invariant NVFP4 kernel, start with Blackwell.
+FP4_CAPABILITY = 10
 # Whole prompts per step on a GPU: enough tokens for about ten 1.5k-token records, a step size at which an H200's
 # GEMMs are compute bound.
 GPU_STEP_TOKENS = 16384
@@ -43,9 +55,37 @@ def uses_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def invariance_method(gpu: bool) -> str:
-    """What the default (invariant) mode does on this kind of device."""
-    return KERNELS if gpu else ONE_PROMPT_PER_STEP
+def invariance_method(gpu: bool, model: str | Path | None = None, capability: int | None = None) -> str:
+    """How the default (invariant) mode keeps answers independent of load for `model` on this kind of device.
+
+    `capability`: the GPU's major compute capability (default: this machine's first GPU)."""
+    if not gpu:
+        return ONE_PROMPT_PER_STEP
+    if model is not None and stores_fp4_weights(model):
+        if capability is None:
+            import torch
+
+            capability = torch.cuda.get_device_capability()[0]
+        if capability < FP4_CAPABILITY:
+            return ONE_PROMPT_PER_STEP
+    return KERNELS
+
+
+def stores_fp4_weights(model: str | Path) -> bool:
+    """Whether a release folder's compressed-tensors config stores 4-bit float weights (NVFP4, NVFP4A16)."""
+    config = Path(model) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        quantization = json.loads(config.read_text(encoding="utf-8")).get("quantization_config") or {}
+    except (ValueError, OSError):
+        return False
+    groups = quantization.get("config_groups") or {}
+    return any(
+        (group.get("weights") or {}).get("num_bits") == 4 and (group.get("weights") or {}).get("type") == "float"
+        for group in groups.values()
+        if isinstance(group, dict)
+    )
 
 
 def set_invariant_kernels(enabled: bool) -> None:
@@ -81,10 +121,10 @@ def _prefill_only_invariant(cls: type) -> bool:
 
 def keep_cublas_for_bf16_linears() -> bool:
     """Under vLLM's batch-invariant mode, run unquantized linear layers through cuBLAS (split-K off) instead of
-    vLLM's Triton matmul, when asked to and the GPU is Hopper or newer. Returns whether it did."""
+    vLLM's Triton matmul, on Hopper and newer unless `CLEF_INVARIANT_BF16_GEMM=triton`. Returns whether it did."""
     import torch
 
-    if os.environ.get(BF16_GEMM_ENV, "triton") != "cublas" or not torch.cuda.is_available():
+    if os.environ.get(BF16_GEMM_ENV, "cublas") != "cublas" or not torch.cuda.is_available():
         return False
     if torch.cuda.get_device_capability()[0] < 9:
         return False

@@ -110,7 +110,7 @@ class EngineBackend:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        prepare_engine_process(self.config.batch_invariant)
+        prepare_engine_process(self.config.batch_invariant, self.config.model)
         show_vllm_warnings_once()
         # vLLM labels its metrics with this name: the one /v1/models shows, never the folder's path.
         name = model_info(self.config.model, self.config.served_model_name).name

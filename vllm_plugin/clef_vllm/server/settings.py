@@ -213,8 +213,9 @@ class ServeConfig:
     def check(self) -> None:
         """Raise `SettingsError` for contradicting settings, before anything is loaded."""
         from clef_vllm.engine import schedule_args
+        from clef_vllm.invariance import invariance_method, uses_gpu
 
-        schedule_args(**self._schedule())
+        schedule_args(**self._schedule(), method=invariance_method(uses_gpu(), self.model))
         self.engine_overrides()
 
     def engine_kwargs(self) -> dict[str, Any]:
