@@ -51,11 +51,11 @@ MODES = {
     for mode in (
         Mode("invariant", True, {}, "the default: answers independent of load"),
         Mode(
-            "invariant-cublas",
+            "invariant-triton",
             True,
             {},
-            "the default with cuBLAS (split-K off) for bf16 linears instead of vLLM's batch-invariant Triton matmul",
-            env={BF16_GEMM_ENV: "cublas"},
+            "the default with vLLM's batch-invariant Triton matmul for bf16 linears instead of cuBLAS (split-K off)",
+            env={BF16_GEMM_ENV: "triton"},
         ),
         Mode(
             "batched",
@@ -118,6 +118,7 @@ class ModesResult:
     tokens: int
     questions: int
     max_model_len: int
+    date: str = ""
     runs: list[ModeRun] = field(default_factory=list)
     servers: list[ServerRun] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

@@ -27,7 +27,7 @@ def _offline_invariant(result: ModesResult, scheme: str) -> ModeRun | None:
 def render_markdown(result: ModesResult) -> str:
     facts = {
         "machine": result.machine,
-        "date": utc_minute(),
+        "date": result.date or utc_minute(),
         "versions": result.versions,
         "command": f"`{result.command}`",
         "workload": f"{result.records} requests of {result.tokens / max(1, result.records):,.0f} prompt tokens on "

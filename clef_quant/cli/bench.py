@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -27,7 +29,7 @@ from clef_quant.cli._options import (
 )
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import LLM_COMPRESSOR_QUIET, VLLM_QUIET, quiet_tools, stage_line
-from clef_quant.formatting import binary_size
+from clef_quant.formatting import binary_size, utc_minute
 from clef_quant.quantize.recipes import AUTO_SCHEME
 from clef_quant.quantize.registry import schemes as scheme_registry
 
@@ -317,8 +319,8 @@ def modes(
 
     from clef_quant.bench.environment import machine_name
     from clef_quant.bench.modes import MODES, ModesResult, run_modes
-    from clef_quant.bench.modes_report import write_report
     from clef_quant.bench.workload import serving_requests
+    from clef_quant.release_folder.signals import signals_raise
     from clef_vllm.encoder import Encoder
     from clef_vllm.request import parse_request
 
@@ -354,11 +356,14 @@ def modes(
         tokens=tokens,
         questions=3,
         max_model_len=max_model_len,
+        date=utc_minute(),
     )
     if append:
         result = _appended(out.with_suffix(".json"), result)
     quiet_tools(False, VLLM_QUIET)
-    with stage_line("benchmarking") as progress:
+    # SIGTERM (a time limit's kill) raises like Ctrl-C, so the servers started are stopped and what was measured
+    # is written.
+    with signals_raise(), stage_line("benchmarking") as progress, _report_written(result, out):
         run_modes(
             releases,
             bodies,
@@ -376,8 +381,18 @@ def modes(
             ],
             progress=progress,
         )
-    written = write_report(result, out)
-    typer.echo(f"wrote {' and '.join(map(str, written))}")
+
+
+@contextlib.contextmanager
+def _report_written(result: ModesResult, out: Path) -> Iterator[None]:
+    """Write the report when the block ends, also when it ends early (what was measured until then)."""
+    from clef_quant.bench.modes_report import write_report
+
+    try:
+        yield
+    finally:
+        written = write_report(result, out)
+        typer.echo(f"wrote {' and '.join(map(str, written))}")
 
 
 @app.command("throughput")
