@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clef_vllm.plugin import ARCHITECTURE, NATIVE_ARCHITECTURES
+
 QWEN3_5 = "Qwen3_5ForConditionalGeneration"
 QWEN3_OMNI = "Qwen3OmniMoeForConditionalGeneration"
 PLUGIN = "clef-vllm"
@@ -91,7 +93,7 @@ FAMILIES: dict[str, Family] = {
         release="Cloudflare/clef-flash",
         model_type="qwen3_5",
         architecture=QWEN3_5,
-        engine_architecture="ClefFlashForJointSchema",
+        engine_architecture=ARCHITECTURE,
         served_by=PLUGIN,
         hidden_size=4096,
         text_prefix="model.language_model.",
@@ -104,7 +106,7 @@ FAMILIES: dict[str, Family] = {
         release="Cloudflare/clef",
         model_type="qwen3_5",
         architecture=QWEN3_5,
-        engine_architecture="ClefFlashForJointSchema",
+        engine_architecture=ARCHITECTURE,
         served_by=PLUGIN,
         hidden_size=5120,
         text_prefix="model.language_model.",
@@ -116,7 +118,7 @@ FAMILIES: dict[str, Family] = {
         release="Cloudflare/clef-omni",
         model_type="qwen3_omni_moe",
         architecture=QWEN3_OMNI,
-        engine_architecture="ClefOmniForJointSchema",
+        engine_architecture=NATIVE_ARCHITECTURES[QWEN3_OMNI],
         served_by=VLLM,
         hidden_size=2048,
         text_prefix="thinker.model.",
