@@ -128,6 +128,16 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The text model's part of a `config.json`: `thinker_config.text_config` (Omni), `text_config` (Qwen3.5) or
+    the config itself (a text-only model)."""
+    thinker = config.get("thinker_config")
+    if isinstance(thinker, dict) and isinstance(thinker.get("text_config"), dict):
+        return thinker["text_config"]
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else config
+
+
 def family_of_config(config: dict[str, Any], head_hidden_size: int | None = None) -> Family | None:
     """The family a `config.json` belongs to, or None for another model.
 
@@ -137,8 +147,7 @@ def family_of_config(config: dict[str, Any], head_hidden_size: int | None = None
     if QWEN3_OMNI in architectures or config.get("model_type") == "qwen3_omni_moe":
         return FAMILIES["clef-omni"]
     if QWEN3_5 in architectures or config.get("model_type") == "qwen3_5":
-        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-        hidden = head_hidden_size or text.get("hidden_size")
+        hidden = head_hidden_size or text_config(config).get("hidden_size")
         return FAMILIES["clef"] if hidden == FAMILIES["clef"].hidden_size else FAMILIES["clef-flash"]
     return None
 

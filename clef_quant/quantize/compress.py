@@ -42,10 +42,22 @@ def load_model(source_dir: Path, source_config: dict[str, Any], device: str) -> 
         source_dir, dtype=torch.bfloat16, device_map=device if device != "cpu" else None
     )
     model.eval()
+    _linearize_experts(model)
     return model
 
 
-DECODER_LAYER_PATHS = ("model.language_model.layers", "model.layers")  # Qwen3.5 VL, then text-only
+def _linearize_experts(model: Any) -> None:
+    """One Linear per expert (llm-compressor's LinearExperts2D) in place of transformers' fused 3-D expert tensors:
+    the plan, the recipe's `Linear` targets and the saved checkpoint (per-expert names, as released and as vLLM
+    loads them) all need the experts as modules. A dense model has none and is left as it is."""
+    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes, linearize_moe
+
+    if get_non_linearized_moes(model):
+        linearize_moe(model)
+
+
+# Qwen3.5 VL, the Qwen3-Omni thinker, then text-only.
+DECODER_LAYER_PATHS = ("model.language_model.layers", "thinker.model.layers", "model.layers")
 
 
 def decoder_layers_path(model: Any) -> str | None:
@@ -112,6 +124,11 @@ def run_oneshot(
     if dataloader is not None:
         # A DataLoader of token ids skips llm-compressor's tokenization; it still wants the processor.
         kwargs.update(dataset=dataloader, processor=tokenizer)
+        # MoE (Clef-Omni): during calibration every expert runs on every token (llm-compressor's
+        # moe_calibration_context, read by LinearExperts2D.forward), so each expert's observers see the whole
+        # calibration set; the layer's output still uses only the routed experts' results. Without it an expert
+        # no calibration token is routed to would get no activation scale.
+        kwargs["moe_calibrate_all_experts"] = True
     try:
         with fused_global_scales(), no_pinned_memory_without_accelerator(), one_rank_is_not_distributed():
             oneshot(model=model, recipe=recipe_obj, **kwargs)

@@ -37,6 +37,7 @@ from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, DEFAULT_MA
 from clef_quant.quantize.compress import decoder_layers_path, load_model, run_oneshot
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inputs import bf16_source_config, check_device
+from clef_quant.families import text_config
 from clef_quant.quantize.recipes import load_recipe
 from clef_quant.quantize.scan_file import (
     GROUPS,
@@ -101,7 +102,7 @@ def scan(config: ScanConfig, progress: Progress | None = None) -> ScanOutcome:
     source_dir, source_config, bodies_heldout, bodies_calibration, settings = _check(config)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = source_config.get("text_config") or source_config
+    text = text_config(source_config)
     layer_types = list(text.get("layer_types") or [])
     num_layers = int(text["num_hidden_layers"])
     existing = _existing(out / SCAN_JSON, config, source_dir, settings)
