@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from clef_quant.families import family_of_config
 from clef_quant.formatting import first_few
 from clef_quant.quantize.errors import QuantizeError
-from clef_quant.families import family_of_config
 from clef_quant.quantize.recipes import is_kept_bf16, keep_bf16
 from clef_quant.quantize.schemes import BF16, fused_groups_of, scheme_label
 

@@ -31,13 +31,13 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
+from clef_quant.families import text_config
 from clef_quant.progress import NoProgress, Progress
 from clef_quant.quantize import registry
 from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, DEFAULT_MAX_SEQ_LEN, draw, read_calibration_file
 from clef_quant.quantize.compress import decoder_layers_path, load_model, run_oneshot
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inputs import bf16_source_config, check_device
-from clef_quant.families import text_config
 from clef_quant.quantize.recipes import load_recipe
 from clef_quant.quantize.scan_file import (
     GROUPS,
