@@ -72,13 +72,15 @@ _QWEN3_5_KEEP: tuple[tuple[str, dict[str, str]], ...] = (
 # `mlp.gate` is the router, `mlp.experts` the experts) and vLLM's qwen3_omni_moe_thinker.py hf_to_vllm_mapper
 # (`thinker.` prefix; `talker.` and `code2wav.` are dropped on load).
 _OMNI_KEEP: tuple[tuple[str, dict[str, str]], ...] = (
+    # The optional `thinker.` prefix: llm-compressor calibrates the thinker alone (the whole Omni class has no
+    # forward), where the names start below it; the saved checkpoint and `inspect` see the full names.
     (
-        "thinker.lm_head",
+        r"re:(?:thinker\.)?lm_head$",
         {"lm_head": "the joint schema head reads its rows as the lexical features of every option"},
     ),
-    (r"re:thinker\.visual\..*", {"vision": "the whole vision tower (images and videos) is kept as released"}),
+    (r"re:(?:thinker\.)?visual\..*", {"vision": "the whole vision tower (images and videos) is kept as released"}),
     (
-        r"re:thinker\.audio_tower\..*",
+        r"re:(?:thinker\.)?audio_tower\..*",
         {"audio": "the whole audio tower (speech, sounds, soundtracks) is kept as released"},
     ),
     (

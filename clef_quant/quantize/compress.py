@@ -129,9 +129,21 @@ def run_oneshot(
         # calibration set; the layer's output still uses only the routed experts' results. Without it an expert
         # no calibration token is routed to would get no activation scale.
         kwargs["moe_calibrate_all_experts"] = True
+    # Qwen3-Omni's top class has no forward (it only generates), and the thinker's forward reaches its decoder layers
+    # through code llm-compressor's tracer cannot follow (it traced one subgraph, and no layer ever ran, so every
+    # activation scale stayed unset). So llm-compressor runs the thinker's text model, which holds every module a
+    # Clef-Omni release quantizes (the towers, lm_head and the routers stay bf16); the whole model's save_pretrained
+    # is then wrapped as oneshot would have.
+    root = model.thinker.model if hasattr(model, "thinker") else model
+    if root is not model and not root.config.name_or_path:
+        root.config.name_or_path = model.config.name_or_path  # oneshot reads the source's config.json there
     try:
         with fused_global_scales(), no_pinned_memory_without_accelerator(), one_rank_is_not_distributed():
-            oneshot(model=model, recipe=recipe_obj, **kwargs)
+            oneshot(model=root, recipe=recipe_obj, **kwargs)
+        if root is not model:
+            from llmcompressor.transformers.compression.compressed_tensors_utils import modify_save_pretrained
+
+            modify_save_pretrained(model)
     finally:
         for handle in handles:
             handle.remove()
