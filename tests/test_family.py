@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from clef_quant.cli import app
 from clef_quant.families import FAMILIES, family_of_folder
 from clef_quant.quantize.inspect import inspect_checkpoint
-from clef_quant.quantize.recipes import keep_bf16
+from clef_quant.quantize.recipes import keep_bf16, yaml_list
 from clef_quant.tiny import SIZES, parameter_count
 from clef_quant.tiny.backbone_config import backbone_config, meta_model, placeholder_ids
 
@@ -235,11 +235,11 @@ def test_eval_runs_on_omni(family_dir, own_engine_process, tmp_path: Path) -> No
 
     fixtures = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
     folder = family_dir("omni-tiny")
-    keep = ", ".join(repr(t) for t in (*keep_bf16(FAMILIES["clef-omni"]), r"re:.*mlp\.experts\..*"))
+    keep = yaml_list((*keep_bf16(FAMILIES["clef-omni"]), r"re:.*mlp\.experts\..*"))
     recipe = tmp_path / "attention-fp8.yaml"
     recipe.write_text(
         "default_stage:\n  default_modifiers:\n    QuantizationModifier:\n"
-        f"      targets: [Linear]\n      ignore: [{keep}]\n      scheme: FP8_DYNAMIC\n"
+        f"      targets: [Linear]\n      ignore: {keep}\n      scheme: FP8_DYNAMIC\n"
     )
     candidate = quantize(QuantizeConfig(source=str(folder), out=tmp_path / "omni-attn-fp8", recipe_file=recipe)).out
     runner = CliRunner()
