@@ -154,10 +154,14 @@ def family_of_config(config: dict[str, Any], head_hidden_size: int | None = None
     return None
 
 
-def family_of_folder(folder: Path) -> Family | None:
-    """The family of a release folder: from the make-tiny mark of its card when it has one, else from config.json."""
-    from clef_quant.tiny.sizes import SIZES
+# The front-matter key of the card `make-tiny` writes: {"size", "seed", "model"} of the run (clef_quant/tiny/card.py).
+# Kept here so that this module can read a tiny folder's model without importing the builder.
+MAKE_TINY_MARK = "clef_quant_make_tiny"
 
+
+def family_of_folder(folder: Path) -> Family | None:
+    """The family of a release folder: the model its make-tiny card names when it has one (a tiny sibling has its
+    model's architecture at other sizes), else what config.json says."""
     config_path = Path(folder) / "config.json"
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
@@ -165,31 +169,27 @@ def family_of_folder(folder: Path) -> Family | None:
         return None
     if not isinstance(config, dict):
         return None
-    size = _tiny_size(Path(folder))
-    if size in SIZES:
-        return FAMILIES[SIZES[size].family]
+    named = _make_tiny_model(Path(folder))
+    if named in FAMILIES:
+        return FAMILIES[named]
     return family_of_config(config)
 
 
-def _tiny_size(folder: Path) -> str | None:
-    """The size named by a make-tiny card (README.md, or source_card.md in a quantized folder)."""
+def _make_tiny_model(folder: Path) -> str | None:
+    """The model named by a make-tiny card (README.md, or source_card.md in a quantized folder)."""
     import yaml
-
-    from clef_quant.tiny.card import made_by_make_tiny
 
     for name in ("README.md", "source_card.md"):
         try:
             text = (folder / name).read_text(encoding="utf-8")
         except OSError:
             continue
-        if not text.startswith("---"):
-            continue
-        parts = text.split("---", 2)
+        parts = text.split("---", 2) if text.startswith("---") else []
         try:
             front = yaml.safe_load(parts[1]) if len(parts) > 2 else None
         except yaml.YAMLError:
             continue
-        mark = made_by_make_tiny(front) if isinstance(front, dict) else None
-        if mark is not None:
-            return str(mark["size"])
+        mark = front.get(MAKE_TINY_MARK) if isinstance(front, dict) else None
+        if isinstance(mark, dict) and isinstance(mark.get("model"), str):
+            return mark["model"]
     return None

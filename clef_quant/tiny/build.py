@@ -62,7 +62,7 @@ def make_tiny(
         progress.start(HEAD_TASK, 1)
         write_head(partial, spec, seed, torch.device(device))
         progress.finish(HEAD_TASK)
-        write_card(partial, size, seed)
+        write_card(partial, size, seed, spec.family)
     return out_dir
 
 
