@@ -242,7 +242,7 @@ def family_line(family: Any) -> str:
     if family is None:
         return "model: not a Clef model this toolkit knows"
     return (
-        f"model: {family.name} ({family.release} architecture, {family.architecture}), served by "
+        f"model: {family.name} (like {family.release}: {family.architecture}), served by "
         f"{family.served_by} as {family.engine_architecture}"
     )
 
