@@ -60,14 +60,27 @@ class ReferenceScorer:
     def model(self) -> Any:
         """The backbone, loaded on first use so that bad requests are refused before the slow part."""
         if self._model is None:
-            from transformers import Qwen3_5ForConditionalGeneration
+            import transformers
 
             from clef_vllm.cpu_conv1d import use_in_transformers
 
             use_in_transformers()
-            model = Qwen3_5ForConditionalGeneration.from_pretrained(self.folder, dtype=self.dtype)
+            config = transformers.AutoConfig.from_pretrained(self.folder)
+            # The class config.json names: Qwen3_5ForConditionalGeneration (clef-flash, clef) or
+            # Qwen3OmniMoeForConditionalGeneration (Clef-Omni, the thinker only).
+            model_class = getattr(transformers, config.architectures[0])
+            model = model_class.from_pretrained(self.folder, dtype=self.dtype)
             self._model = model.to(self.device).eval()
         return self._model
+
+    @property
+    def _omni(self) -> bool:
+        return hasattr(self.model, "thinker")
+
+    @property
+    def output_embeddings(self) -> torch.Tensor:
+        """The `lm_head` weight, whose rows the head reads as lexical features."""
+        return (self.model.thinker.lm_head if self._omni else self.model.lm_head).weight
 
     @property
     def head(self) -> Any:
@@ -83,20 +96,34 @@ class ReferenceScorer:
         """Final normed hidden states of the record's tokens."""
         ids = torch.tensor([encoding.input_ids], device=self.device)
         if not encoding.media_inputs:
-            text_model = self.model.model.language_model
+            text_model = self.model.thinker.model if self._omni else self.model.model.language_model
             return text_model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).last_hidden_state[0]
         inputs = {k: v.to(self.device) for k, v in encoding.media_inputs.items() if isinstance(v, torch.Tensor)}
         for key in ("pixel_values", "pixel_values_videos"):
             if key in inputs:
                 inputs[key] = inputs[key].to(self.model.dtype)
+        if self._omni:
+            return self._omni_media_hidden_states(ids, inputs)
         out = self.model.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **inputs)
         return out.last_hidden_state[0]
+
+    def _omni_media_hidden_states(self, ids: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The Omni thinker merges the media features and computes their positions only in its full forward, which
+        ends in `lm_head`; with `lm_head` swapped for the identity its logits are the final normed hidden states."""
+        thinker = self.model.thinker
+        lm_head = thinker.lm_head
+        thinker.lm_head = torch.nn.Identity()
+        try:
+            out = thinker(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **inputs)
+        finally:
+            thinker.lm_head = lm_head
+        return out.logits[0].to(self.dtype)
 
     @torch.inference_mode()
     def logits(self, encoding: Encoding) -> torch.Tensor:
         """The record's flat option logits (questions and options in model order), on the scorer's device."""
         ids = torch.tensor(encoding.input_ids, device=self.device)
-        (logits,) = self.head([self.hidden_states(encoding)], [ids], [encoding.schema()], self.model.lm_head.weight)
+        (logits,) = self.head([self.hidden_states(encoding)], [ids], [encoding.schema()], self.output_embeddings)
         return logits
 
     def score(

@@ -60,6 +60,48 @@ def quantized_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     return get
 
 
+# -- the other Clef models: clef-tiny (the 27B's architecture) and omni-tiny (Clef-Omni's) ----------------------
+
+
+@pytest.fixture(scope="session")
+def family_dir(tmp_path_factory: pytest.TempPathFactory):
+    """`family_dir(size) -> Path`: a random-weight release of a make-tiny size (seed 0), built on first use and
+    shared by the session. Treat it as read-only."""
+    from clef_quant.tiny import make_tiny
+
+    root = tmp_path_factory.mktemp("family")
+    built: dict[str, Path] = {}
+
+    def get(size: str) -> Path:
+        if size not in built:
+            built[size] = make_tiny(root / size, size=size, seed=0)
+        return built[size]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def family_quantized(family_dir, tmp_path_factory: pytest.TempPathFactory):
+    """`family_quantized(size, scheme) -> Path`: `family_dir(size)` quantized with `scheme`, built on first use."""
+    from clef_quant.quantize.run import QuantizeConfig, quantize
+
+    root = tmp_path_factory.mktemp("family-quantized")
+    built: dict[tuple[str, str], Path] = {}
+
+    def get(size: str, scheme: str) -> Path:
+        if (size, scheme) not in built:
+            config = QuantizeConfig(
+                source=str(family_dir(size)),
+                out=root / f"{size}-{scheme}",
+                scheme=scheme,
+                calibration_records=QUANTIZE_TEST_RECORDS,
+            )
+            built[size, scheme] = quantize(config).out
+        return built[size, scheme]
+
+    return get
+
+
 # vLLM engines run in the test process: start in seconds instead of ~20 s, and schedule an offline
 # batch deterministically. Server tests start their own processes with their own environment.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -161,7 +161,7 @@ def test_a_bad_repo_id_is_refused_before_the_folder_is_read(tmp_path: Path, comm
 def test_help_lists_the_choices() -> None:
     text = CliRunner().invoke(app, ["make-tiny", "--help"]).stdout
     words = " ".join(text.replace("│", " ").split())  # the help panel wraps and frames its lines
-    assert "One of tiny, small, flash." in words
+    assert "One of tiny, small, flash, clef, clef-tiny, omni, omni-tiny." in words
 
 
 def test_numbers_read_alike_everywhere() -> None:

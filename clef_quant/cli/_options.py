@@ -100,7 +100,9 @@ SizeOption = Annotated[
         SIZES,
         "size",
         "tiny: a few MB, tests; small: tens of millions of parameters, CPU benchmarks; flash: clef-flash shapes, "
-        "9.4 B parameters, 19 GB, build with --device cuda.",
+        "9.4 B parameters, 19 GB; clef: the 27B's shapes, 27.5 B parameters, 55 GB; omni: Clef-Omni's (the "
+        "Qwen3-Omni-30B-A3B thinker), 31.8 B parameters, 64 GB; clef-tiny, omni-tiny: those architectures at a few "
+        "MB. Build flash, clef and omni with --device cuda.",
     ),
 ]
 ModelOption = Annotated[

@@ -644,3 +644,50 @@ def _against_plain(
                 f"{binary_size(free['peak_host_bytes'])} and {binary_size(loaded['peak_host_bytes'])}"
             )
     typer.echo(f"wrote {json_path} and {markdown}")
+
+
+@app.command("workloads")
+@user_errors
+def workloads(
+    model: Annotated[Path, typer.Option("--model", "-m", help="Release folder whose tokenizer counts the tokens.")],
+    out: Annotated[
+        Path, typer.Option("--out", help="JSONL file: one line per workload with its body and token counts.")
+    ],
+    seed: Annotated[int, typer.Option(help="Seed of the generated texts and image.", min=0)] = 0,
+) -> None:
+    """Write five requests shaped like Flide's published 27B workloads (decision-index, race, multirc with 49
+    questions, quality with 6-8k state tokens, gqa with one image), each with its token count.
+
+    Each line: {"workload", "input_tokens", "state_tokens", "flide_ms", "sglang_ms", "body"}; `body` is a SystemOne
+    request for `clef-systemone`, `vllm serve` (POST /v1/systemone) or `ClefEngine.score`.
+
+    Example: clef-quant bench workloads --model artifacts/tiny --out artifacts/flide-workloads.jsonl
+    """
+    import json
+
+    from clef_quant.bench.flide_workloads import flide_workloads
+
+    _require_release(model, hint=f"clef-quant make-tiny {model} --size clef-tiny")
+    found = flide_workloads(model, seed=seed)
+    lines = [
+        json.dumps(
+            {
+                "workload": w.name,
+                "input_tokens": w.input_tokens,
+                "state_tokens": w.state_tokens,
+                "flide_ms": w.flide_ms,
+                "sglang_ms": w.sglang_ms,
+                "body": w.body,
+            },
+            ensure_ascii=False,
+            sort_keys=True,
+        )
+        for w in found
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    table = Table("workload", "input tokens", "state tokens", "Flide ms", "SGLang ms")
+    for w in found:
+        table.add_row(w.name, str(w.input_tokens), str(w.state_tokens), f"{w.flide_ms:.1f}", f"{w.sglang_ms:.1f}")
+    results_console().print(table)
+    typer.echo(f"wrote {out}")

@@ -225,7 +225,30 @@ def _print_summary(console: Console, result: Any) -> None:
     console.print(f"next: clef-quant inspect {result.out}")
 
 
+def _family_json(family: Any) -> dict[str, Any] | None:
+    if family is None:
+        return None
+    return {
+        "name": family.name,
+        "release": family.release,
+        "architecture": family.architecture,
+        "engine_architecture": family.engine_architecture,
+        "served_by": family.served_by,
+    }
+
+
+def family_line(family: Any) -> str:
+    """Which Clef model a folder is, in one line."""
+    if family is None:
+        return "model: not a Clef model this toolkit knows"
+    return (
+        f"model: {family.name} (like {family.release}: {family.architecture}), served by "
+        f"{family.served_by} as {family.engine_architecture}"
+    )
+
+
 def _print_report(console: Console, report: Any) -> None:
+    console.print(family_line(report.family))
     if report.kind == "source":
         console.print(f"{report.folder}: a bf16 source release (not quantized), inspected as a source")
     modules = Table(title=f"Linear modules of {report.folder}", title_justify="left")
@@ -272,6 +295,7 @@ def _report_json(report: Any) -> dict[str, Any]:
     return {
         "folder": str(report.folder),
         "kind": report.kind,
+        "model": _family_json(report.family),
         "ok": report.ok,
         "modules": [
             {"name": m.name, "kind": m.kind, "shape": list(m.shape), "scheme": m.scheme, "stored": m.stored}

@@ -22,7 +22,8 @@ def make_tiny(
         bool, typer.Option("--overwrite", help="Replace DIR if it already holds a checkpoint.")
     ] = False,
 ) -> None:
-    """Write a random-weight release: Qwen3.5 backbone, tokenizer, processor and joint schema head.
+    """Write a random-weight release: backbone (Qwen3.5, or the Qwen3-Omni thinker for omni sizes), tokenizer,
+    processor and joint schema head.
 
     It loads exactly like a real release (transformers, AutoProcessor, vLLM); only the numbers are random.
 
@@ -30,6 +31,8 @@ def make_tiny(
       clef-quant make-tiny artifacts/tiny
       clef-quant make-tiny artifacts/small --size small --seed 1
       clef-quant make-tiny /scratch/flash --size flash --device cuda
+      clef-quant make-tiny /dev/shm/clef --size clef --device cuda
+      clef-quant make-tiny artifacts/omni-tiny --size omni-tiny
     """
     if seed < 0:
         raise fail(f"--seed must be >= 0, not {seed}")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clef_quant.card_templates import card_environment
+from clef_quant.families import FAMILIES, VLLM, Family
 from clef_quant.formatting import first_few, utc_timestamp
 from clef_quant.publish import folder_facts
 from clef_quant.publish.errors import PublishError
@@ -230,9 +231,18 @@ def card_context(
     # Entries of an earlier card run are about to be replaced: the table shows quantize's files and the new ones.
     files = {k: v for k, v in manifest.files.items() if not is_card_owned(k)}
     name = repo_id.split("/", 1)[1]
+    family = report.family or FAMILIES["clef-flash"]
     return {
         **manifest_facts(manifest),
-        **scheme_words(schemes()),
+        **scheme_words(schemes(), family),
+        "model": {
+            "name": family.name,
+            "release": family.release,
+            "architecture": family.architecture,
+            "engine_architecture": family.engine_architecture,
+            "native": family.served_by == VLLM,
+            "moe": family.moe,
+        },
         "card_data": card_data.to_yaml(),
         "title": name,
         "repo_id": repo_id,
@@ -268,15 +278,15 @@ def card_context(
     }
 
 
-def scheme_words(registry: Registry) -> dict[str, dict[str, str]]:
-    """The card's words about scheme labels (each recipe's `card:` front matter) and the keep-list, by what the
-    template looks them up with: a label, or a module kind."""
+def scheme_words(registry: Registry, family: Family | None = None) -> dict[str, dict[str, str]]:
+    """The card's words about scheme labels (each recipe's `card:` front matter) and `family`'s keep-list, by what
+    the template looks them up with: a label, or a module kind."""
     texts = registry.card_texts()
     return {
         "scheme_descriptions": {label: text.description for label, text in texts.items()},
         "hardware_notes": {label: text.hardware for label, text in texts.items() if text.hardware},
         "cpu_notes": {label: text.cpu for label, text in texts.items() if text.cpu},
-        "keep_reasons": keep_reasons(),
+        "keep_reasons": keep_reasons(family),
     }
 
 

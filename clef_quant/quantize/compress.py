@@ -42,10 +42,22 @@ def load_model(source_dir: Path, source_config: dict[str, Any], device: str) -> 
         source_dir, dtype=torch.bfloat16, device_map=device if device != "cpu" else None
     )
     model.eval()
+    _linearize_experts(model)
     return model
 
 
-DECODER_LAYER_PATHS = ("model.language_model.layers", "model.layers")  # Qwen3.5 VL, then text-only
+def _linearize_experts(model: Any) -> None:
+    """One Linear per expert (llm-compressor's LinearExperts2D) in place of transformers' fused 3-D expert tensors:
+    the plan, the recipe's `Linear` targets and the saved checkpoint (per-expert names, as released and as vLLM
+    loads them) all need the experts as modules. A dense model has none and is left as it is."""
+    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes, linearize_moe
+
+    if get_non_linearized_moes(model):
+        linearize_moe(model)
+
+
+# Qwen3.5 VL, the Qwen3-Omni thinker, then text-only.
+DECODER_LAYER_PATHS = ("model.language_model.layers", "thinker.model.layers", "model.layers")
 
 
 def decoder_layers_path(model: Any) -> str | None:
@@ -112,9 +124,26 @@ def run_oneshot(
     if dataloader is not None:
         # A DataLoader of token ids skips llm-compressor's tokenization; it still wants the processor.
         kwargs.update(dataset=dataloader, processor=tokenizer)
+        # MoE (Clef-Omni): during calibration every expert runs on every token (llm-compressor's
+        # moe_calibration_context, read by LinearExperts2D.forward), so each expert's observers see the whole
+        # calibration set; the layer's output still uses only the routed experts' results. Without it an expert
+        # no calibration token is routed to would get no activation scale.
+        kwargs["moe_calibrate_all_experts"] = True
+    # Qwen3-Omni's top class has no forward (it only generates), and the thinker's forward reaches its decoder layers
+    # through code llm-compressor's tracer cannot follow (it traced one subgraph, and no layer ever ran, so every
+    # activation scale stayed unset). So llm-compressor runs the thinker's text model, which holds every module a
+    # Clef-Omni release quantizes (the towers, lm_head and the routers stay bf16); the whole model's save_pretrained
+    # is then wrapped as oneshot would have.
+    root = model.thinker.model if hasattr(model, "thinker") else model
+    if root is not model and not root.config.name_or_path:
+        root.config.name_or_path = model.config.name_or_path  # oneshot reads the source's config.json there
     try:
         with fused_global_scales(), no_pinned_memory_without_accelerator(), one_rank_is_not_distributed():
-            oneshot(model=model, recipe=recipe_obj, **kwargs)
+            oneshot(model=root, recipe=recipe_obj, **kwargs)
+        if root is not model:
+            from llmcompressor.transformers.compression.compressed_tensors_utils import modify_save_pretrained
+
+            modify_save_pretrained(model)
     finally:
         for handle in handles:
             handle.remove()

@@ -27,6 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from clef_quant.documents import parse_json
+from clef_quant.families import family_of_folder
 from clef_quant.quantize.inspect_checks import (
     check_code,
     check_head,
@@ -120,4 +121,4 @@ def inspect_checkpoint(folder: str | Path, *, verify_hashes: bool = True) -> Ins
         head_check,
     ]
     kind = SOURCE if is_source else RELEASE
-    return InspectReport(folder, modules, checks, violations, notes, kind)
+    return InspectReport(folder, modules, checks, violations, notes, kind, family_of_folder(folder))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clef_quant.families import Family
+
 CHECK_KEEP = "keep-list stays bf16"
 CHECK_FUSED = "fused groups share scheme and global scale"
 CHECK_CONSISTENT = "config matches stored tensors"
@@ -60,6 +62,7 @@ class InspectReport:
     violations: list[Violation]
     notes: list[str] = field(default_factory=list)
     kind: str = RELEASE  # RELEASE, SOURCE (a bf16 source release) or UNFINISHED (nothing but that was read)
+    family: Family | None = None  # which Clef model the folder is (None: not one of them)
 
     @property
     def ok(self) -> bool:

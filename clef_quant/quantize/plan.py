@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from clef_quant.families import family_of_config
 from clef_quant.formatting import first_few
 from clef_quant.quantize.errors import QuantizeError
-from clef_quant.quantize.recipes import KEEP_BF16, is_kept_bf16
+from clef_quant.quantize.recipes import is_kept_bf16, keep_bf16
 from clef_quant.quantize.schemes import BF16, fused_groups_of, scheme_label
 
 MAX_LISTED = 8
@@ -75,7 +76,9 @@ def plan_quantization(model: Any, recipe: Any) -> QuantPlan:
                 group.input_activations.model_dump() if group.input_activations is not None else None,
             )
 
-    _refuse_keep_list(schemes)
+    config = getattr(model, "config", None)
+    family = family_of_config(config.to_dict()) if config is not None else None
+    _refuse_keep_list(schemes, keep_bf16(family))
     _refuse_split_fused_groups(schemes)
     if not any(label != BF16 for label in schemes.values()):
         raise QuantizeError("the recipe quantizes no Linear module of this model; check its targets")
@@ -92,10 +95,10 @@ def _listing(names: list[str]) -> str:
     return first_few(names, MAX_LISTED, separator=", ")
 
 
-def _refuse_keep_list(schemes: dict[str, str]) -> None:
+def _refuse_keep_list(schemes: dict[str, str], targets: tuple[str, ...]) -> None:
     bad = [name for name, label in schemes.items() if label != BF16 and is_kept_bf16(name)]
     if bad:
-        keep = ", ".join(repr(t) for t in KEEP_BF16)
+        keep = ", ".join(repr(t) for t in targets)
         raise QuantizeError(
             f"the recipe quantizes {len(bad)} module(s) that must stay bf16: {_listing(bad)}; "
             f"add these to its ignore list: {keep}"

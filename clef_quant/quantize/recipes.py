@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from clef_quant.families import FAMILIES, Family, family_of_config, text_config
 from clef_quant.quantize import registry
 from clef_quant.quantize.errors import QuantizeError
 
@@ -33,27 +34,30 @@ class KeptBf16:
     reasons: dict[str, str]  # module kind (schemes.module_kind) -> why it stays bf16
 
 
-# The keep-list. Every shipped recipe's `ignore` is rendered from it, `clef-quant quantize` refuses a recipe that
-# would quantize any of it, `inspect` checks the result and the card says why each kind stays bf16.
-KEEP_LIST: tuple[KeptBf16, ...] = (
-    KeptBf16("lm_head", {"lm_head": "the joint schema head reads its rows as the lexical features of every option"}),
-    KeptBf16(r"re:model\.visual\..*", {"vision": "the whole vision tower (images and videos) is kept as released"}),
-    KeptBf16(
-        r"re:.*linear_attn\.in_proj_[ab]$",
-        {
-            "linear_attn.in_proj_a": "Gated DeltaNet gate projection: very few outputs (32 in clef-flash), sets the "
-            "decay",
-            "linear_attn.in_proj_b": "Gated DeltaNet gate projection: very few outputs (32 in clef-flash), sets the "
-            "write strength",
-        },
-    ),
-)
-KEEP_BF16: tuple[str, ...] = tuple(kept.target for kept in KEEP_LIST)
+# The keep-list of each Clef model (`clef_quant.families`). Every shipped recipe's `ignore` is rendered from the
+# model's list, `clef-quant quantize` refuses a recipe that would quantize any of it, `inspect` checks the result
+# and the card says why each kind stays bf16.
+def keep_list(family: Family | None = None) -> tuple[KeptBf16, ...]:
+    """The keep-list of `family` (clef-flash's when None)."""
+    chosen = family or FAMILIES["clef-flash"]
+    return tuple(KeptBf16(target, reasons) for target, reasons in chosen.keep)
 
 
-def keep_reasons() -> dict[str, str]:
+def keep_bf16(family: Family | None = None) -> tuple[str, ...]:
+    """The keep-list's targets, as a recipe's `ignore` lists them."""
+    return tuple(kept.target for kept in keep_list(family))
+
+
+KEEP_LIST: tuple[KeptBf16, ...] = keep_list()
+KEEP_BF16: tuple[str, ...] = keep_bf16()
+# Every family's targets: their module names never overlap (Omni's all start with `thinker.`, and its router
+# pattern `mlp.gate$` matches no Qwen3.5 module), so a name-only check can use them all.
+_ALL_KEEP_TARGETS: tuple[str, ...] = tuple(dict.fromkeys(t for f in FAMILIES.values() for t, _ in f.keep))
+
+
+def keep_reasons(family: Family | None = None) -> dict[str, str]:
     """Why each module kind of the keep-list stays bf16."""
-    return {kind: why for kept in KEEP_LIST for kind, why in kept.reasons.items()}
+    return {kind: why for kept in keep_list(family) for kind, why in kept.reasons.items()}
 
 
 @dataclass(frozen=True)
@@ -73,15 +77,15 @@ def matches_target(name: str, target: str) -> bool:
     return name == target
 
 
-def is_kept_bf16(name: str) -> bool:
-    """True for a Linear module that every Clef quantized release must keep in bf16."""
-    return any(matches_target(name, target) for target in KEEP_BF16)
+def is_kept_bf16(name: str, family: Family | None = None) -> bool:
+    """True for a Linear module that a quantized release of `family` (of any Clef model when None) keeps in bf16."""
+    targets = keep_bf16(family) if family is not None else _ALL_KEEP_TARGETS
+    return any(matches_target(name, target) for target in targets)
 
 
 def num_decoder_layers(config: dict[str, Any]) -> int:
     """Decoder layer count from a `config.json` (the text config of a vision-language checkpoint)."""
-    text = config.get("text_config") or config
-    layers = text.get("num_hidden_layers")
+    layers = text_config(config).get("num_hidden_layers")
     if not isinstance(layers, int) or layers < 1:
         raise QuantizeError("config.json has no num_hidden_layers (text_config.num_hidden_layers)")
     return layers
@@ -123,9 +127,10 @@ def recipe_environment() -> Any:
     return environment
 
 
-def fill(template: str, variables: dict[str, Any]) -> str:
-    """The recipe as Jinja2 renders it with `variables` (and `keep_bf16`); an unknown name is an error naming it and
-    the names there are (checked before rendering, so no placeholder is ever silently left empty)."""
+def fill(template: str, variables: dict[str, Any], keep: tuple[str, ...] | None = None) -> str:
+    """The recipe as Jinja2 renders it with `variables` and `keep_bf16` (`keep`, clef-flash's list when None); an
+    unknown name is an error naming it and the names there are (checked before rendering, so no placeholder is
+    ever silently left empty)."""
     import jinja2
     from jinja2 import meta
 
@@ -140,7 +145,8 @@ def fill(template: str, variables: dict[str, Any]) -> str:
         raise QuantizeError(
             f"recipe placeholder(s) {', '.join(unknown)} unknown; available: {', '.join(sorted(variables))}, keep_bf16"
         )
-    return environment.from_string(parsed).render(variables)
+    chosen = {"keep_bf16": keep} if keep is not None else {}
+    return environment.from_string(parsed).render({**variables, **chosen})
 
 
 def scheme_choices() -> tuple[str, ...]:
@@ -182,7 +188,7 @@ def load_recipe(scheme: str | None, recipe_file: Path | None, config: dict[str, 
     except OSError as exc:
         raise QuantizeError(f"cannot read recipe {path}: {exc.strerror}") from None
     variables = layer_variables(config)
-    text = fill(template, variables)
+    text = fill(template, variables, keep_bf16(family_of_config(config)))
     try:
         parsed = yaml.safe_load(text)
     except yaml.YAMLError as exc:

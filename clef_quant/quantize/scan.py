@@ -31,6 +31,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
+from clef_quant.families import text_config
 from clef_quant.progress import NoProgress, Progress
 from clef_quant.quantize import registry
 from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, DEFAULT_MAX_SEQ_LEN, draw, read_calibration_file
@@ -101,7 +102,7 @@ def scan(config: ScanConfig, progress: Progress | None = None) -> ScanOutcome:
     source_dir, source_config, bodies_heldout, bodies_calibration, settings = _check(config)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = source_config.get("text_config") or source_config
+    text = text_config(source_config)
     layer_types = list(text.get("layer_types") or [])
     num_layers = int(text["num_hidden_layers"])
     existing = _existing(out / SCAN_JSON, config, source_dir, settings)

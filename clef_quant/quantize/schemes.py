@@ -25,15 +25,19 @@ _ARG_FIELDS = ("num_bits", "type", "strategy", "symmetric", "group_size", "dynam
 _PREFERRED = ("FP8_DYNAMIC", "NVFP4", "NVFP4A16", "FP8", "FP8_BLOCK", "W8A8", "W4A16", "W8A16")
 
 _LAYER_PREFIX = re.compile(r"^(?:.*\.)?layers\.\d+\.")
+_EXPERT_INDEX = re.compile(r"\.experts\.\d+\.")
 
 
 def module_kind(name: str) -> str:
-    """A module's kind for totals: `lm_head`, `vision`, or its path inside a decoder layer (`mlp.up_proj`)."""
+    """A module's kind for totals: `lm_head`, `vision`, `audio` (Omni's audio tower), or its path inside a decoder
+    layer (`mlp.up_proj`; one kind for all experts of a MoE layer: `mlp.experts.up_proj`)."""
     if name == "lm_head" or name.endswith(".lm_head"):
         return "lm_head"
     if ".visual." in f".{name}":
         return "vision"
-    stripped = _LAYER_PREFIX.sub("", name)
+    if ".audio_tower." in f".{name}":
+        return "audio"
+    stripped = _EXPERT_INDEX.sub(".experts.", _LAYER_PREFIX.sub("", name))
     return stripped if stripped != name else name.rsplit(".", 1)[-1]
 
 

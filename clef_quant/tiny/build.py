@@ -53,7 +53,7 @@ def make_tiny(
     progress = progress or NoProgress()
     with staged_folder(out_dir, command="make-tiny", overwrite=overwrite) as partial:
         progress.start(TOKENIZER_TASK, 1)
-        ids = write_tokenizer_and_processor(partial)
+        ids = write_tokenizer_and_processor(partial, audio=spec.audio is not None)
         progress.finish(TOKENIZER_TASK)
         config = backbone_config(spec, ids)
         config.save_pretrained(partial)
@@ -62,7 +62,7 @@ def make_tiny(
         progress.start(HEAD_TASK, 1)
         write_head(partial, spec, seed, torch.device(device))
         progress.finish(HEAD_TASK)
-        write_card(partial, size, seed)
+        write_card(partial, size, seed, spec.family)
     return out_dir
 
 

@@ -10,20 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from clef_quant.families import MAKE_TINY_MARK
+
 CARD_FILE = "README.md"
 TEMPLATE = "tiny.md.j2"
-# The front matter key of the mark: {"size": ..., "seed": ...} of the make-tiny run.
-MARK = "clef_quant_make_tiny"
+# The front matter key of the mark: {"size", "seed", "model"} of the make-tiny run (model: a clef_quant.families key).
+MARK = MAKE_TINY_MARK
 LICENSE = "apache-2.0"  # clef-quant's own license: the weights are drawn by its code
 TAGS = ("clef", "random-weights")
 
 
-def write_card(folder: Path, size: str, seed: int) -> Path:
+def write_card(folder: Path, size: str, seed: int, model: str) -> Path:
     from huggingface_hub import ModelCardData
 
     from clef_quant.card_templates import card_environment
 
-    data = ModelCardData(license=LICENSE, tags=list(TAGS), **{MARK: {"size": size, "seed": seed}})
+    data = ModelCardData(license=LICENSE, tags=list(TAGS), **{MARK: {"size": size, "seed": seed, "model": model}})
     text = card_environment().get_template(TEMPLATE).render(card_data=data.to_yaml(), size=size, seed=seed)
     path = Path(folder) / CARD_FILE
     path.write_text(text, encoding="utf-8")

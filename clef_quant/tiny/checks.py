@@ -14,7 +14,7 @@ from clef_quant.release_folder.errors import ReleaseFolderError
 from clef_quant.release_folder.outputs import check_output
 from clef_quant.tiny.backbone_config import backbone_config, meta_model, placeholder_ids
 from clef_quant.tiny.sizes import SIZES, Size
-from clef_quant.tiny.weights import plan_shards
+from clef_quant.tiny.weights import disk_tensors, plan_shards
 from clef_vllm.errors import ClefError
 
 # Room left besides the shard being written, in host memory and on disk.
@@ -50,7 +50,7 @@ def check_request(out_dir: Path, size: str, seed: int, device: str, overwrite: b
 
 def _resource_problems(out_dir: Path, spec: Size, device: str) -> list[str]:
     model = meta_model(backbone_config(spec, placeholder_ids(spec)))
-    shards = plan_shards(list(model.named_parameters()), spec.max_shard_bytes)
+    shards = plan_shards(disk_tensors(model), spec.max_shard_bytes)
     total = sum(shard.num_bytes for shard in shards)
     largest = max(shard.num_bytes for shard in shards)
     problems = []
@@ -59,7 +59,7 @@ def _resource_problems(out_dir: Path, spec: Size, device: str) -> list[str]:
     host_needed = largest * (2 if device == "cpu" else 1) + _MARGIN_BYTES
     host_free = _available_host_memory()
     if host_free is not None and host_free < host_needed:
-        hint = " (build the flash size on a GPU: --device cuda)" if device == "cpu" else ""
+        hint = f" (build the {spec.name} size on a GPU: --device cuda)" if device == "cpu" else ""
         problems.append(
             f"size {spec.name} needs about {gib(host_needed)} of free memory on the host, "
             f"{gib(host_free)} is available{hint}"

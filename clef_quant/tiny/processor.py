@@ -20,17 +20,34 @@ VIDEO_PROCESSOR = {
 }
 
 
-def write_tokenizer_and_processor(folder: Path) -> dict[str, int]:
-    """Tokenizer files, `chat_template.jinja` and `processor_config.json`; returns the control-token ids."""
-    # Imported here: the image processor needs torchvision, which counting parameters does not.
-    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+def write_tokenizer_and_processor(folder: Path, audio: bool = False) -> dict[str, int]:
+    """Tokenizer files, `chat_template.jinja` and `processor_config.json`; returns the control-token ids.
 
-    tokenizer = build_tokenizer()
-    processor = Qwen3VLProcessor(
-        image_processor=Qwen2VLImageProcessor(patch_size=16, temporal_patch_size=2, merge_size=2, **IMAGE_PROCESSOR),
-        video_processor=Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2, **VIDEO_PROCESSOR),
-        tokenizer=tokenizer,
-        chat_template=tokenizer.chat_template,
+    With `audio` (Clef-Omni) the processor is Qwen3-Omni's, which adds a Whisper feature extractor for audio."""
+    # Imported here: the image processor needs torchvision, which counting parameters does not.
+    from transformers import (
+        Qwen2VLImageProcessor,
+        Qwen3OmniMoeProcessor,
+        Qwen3VLProcessor,
+        Qwen3VLVideoProcessor,
+        WhisperFeatureExtractor,
     )
+
+    tokenizer = build_tokenizer(audio=audio)
+    images = Qwen2VLImageProcessor(patch_size=16, temporal_patch_size=2, merge_size=2, **IMAGE_PROCESSOR)
+    videos = Qwen3VLVideoProcessor(patch_size=16, temporal_patch_size=2, merge_size=2, **VIDEO_PROCESSOR)
+    if audio:
+        processor = Qwen3OmniMoeProcessor(
+            image_processor=images,
+            video_processor=videos,
+            # 128 mel bins, as the Omni audio tower's num_mel_bins.
+            feature_extractor=WhisperFeatureExtractor(feature_size=128),
+            tokenizer=tokenizer,
+            chat_template=tokenizer.chat_template,
+        )
+    else:
+        processor = Qwen3VLProcessor(
+            image_processor=images, video_processor=videos, tokenizer=tokenizer, chat_template=tokenizer.chat_template
+        )
     processor.save_pretrained(folder)
     return token_ids(tokenizer)

@@ -31,6 +31,19 @@ SPECIAL_TOKENS = (
     "<|video_pad|>",
 )
 THINK_TOKENS = ("<think>", "</think>")
+# Qwen3-Omni's audio placeholders, after the others, in Omni tokenizers only.
+AUDIO_TOKENS = ("<|audio_start|>", "<|audio_end|>", "<|audio_pad|>")
+# The names under which Qwen3-Omni's processor (transformers' processing_qwen3_omni_moe.py, Qwen3OmniMoeProcessor)
+# looks its placeholders up on the tokenizer.
+OMNI_TOKEN_NAMES = {
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "audio_token": "<|audio_pad|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+}
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 
@@ -180,8 +193,9 @@ def training_corpus() -> Iterator[str]:
         yield _corpus_line(rng)
 
 
-def build_tokenizer(learned_vocab_size: int = LEARNED_VOCAB_SIZE) -> Qwen3_5Tokenizer:
-    """Train the BPE vocabulary and wrap it as transformers' Qwen3.5 tokenizer with the Qwen control tokens."""
+def build_tokenizer(learned_vocab_size: int = LEARNED_VOCAB_SIZE, audio: bool = False) -> Qwen3_5Tokenizer:
+    """Train the BPE vocabulary and wrap it as transformers' Qwen3.5 tokenizer with the Qwen control tokens (and,
+    with `audio`, Qwen3-Omni's audio placeholders and the token names its processor reads)."""
     # Take Qwen3.5's normalizer and pre-tokenizer from the class itself so training splits text exactly as the
     # loaded tokenizer will.
     pipeline = Qwen3_5Tokenizer().backend_tokenizer
@@ -202,8 +216,11 @@ def build_tokenizer(learned_vocab_size: int = LEARNED_VOCAB_SIZE) -> Qwen3_5Toke
 
     # The class starts with `<|endoftext|>` as its unk/eos/pad token, which makes it the first added token;
     # the eos moves to `<|im_end|>` only after all control tokens have their ids, so they keep the listed order.
-    tokenizer = Qwen3_5Tokenizer(vocab=model["vocab"], merges=merges, model_max_length=MODEL_MAX_LENGTH)
+    named = {"model_specific_special_tokens": OMNI_TOKEN_NAMES} if audio else {}
+    tokenizer = Qwen3_5Tokenizer(vocab=model["vocab"], merges=merges, model_max_length=MODEL_MAX_LENGTH, **named)
     tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS], special_tokens=True)
+    if audio:
+        tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in AUDIO_TOKENS], special_tokens=True)
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
     tokenizer.eos_token = EOS_TOKEN
     tokenizer.pad_token = PAD_TOKEN
@@ -213,4 +230,5 @@ def build_tokenizer(learned_vocab_size: int = LEARNED_VOCAB_SIZE) -> Qwen3_5Toke
 
 def token_ids(tokenizer: Qwen3_5Tokenizer) -> dict[str, int]:
     """Ids of the control tokens, by token text."""
-    return {t: tokenizer.convert_tokens_to_ids(t) for t in (*SPECIAL_TOKENS, *THINK_TOKENS)}
+    added = tokenizer.get_added_vocab()
+    return {t: added[t] for t in (*SPECIAL_TOKENS, *THINK_TOKENS, *AUDIO_TOKENS) if t in added}

@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from torch import nn
-from transformers import Qwen3_5Config
+from transformers import PretrainedConfig
 from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
+from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as omni
 
 from clef_quant.progress import BYTES, Progress
 from clef_quant.tiny.backbone_config import meta_model
@@ -54,8 +55,12 @@ def _init_rules(model: nn.Module) -> dict[str, _Init]:
         own = dict(module.named_parameters(recurse=False))
         if not own:
             continue
-        if isinstance(module, (nn.Linear, nn.Embedding, nn.Conv3d)):
+        if isinstance(module, (nn.Linear, nn.Embedding, nn.Conv3d, nn.Conv2d, omni.Qwen3OmniMoeThinkerTextTopKRouter)):
             rule = {"weight": _Init("normal", INIT_STD), "bias": _Init("zeros")}
+        elif isinstance(module, omni.Qwen3OmniMoeThinkerTextExperts):
+            rule = {"gate_up_proj": _Init("normal", INIT_STD), "down_proj": _Init("normal", INIT_STD)}
+        elif isinstance(module, (omni.Qwen3OmniMoeThinkerTextRMSNorm, omni.Qwen3OmniMoeTextRMSNorm)):
+            rule = {"weight": _Init("ones")}  # Qwen3-Omni's norms scale by weight itself
         elif isinstance(module, nn.Conv1d):
             # The Gated DeltaNet's depthwise conv sees only `kernel` inputs per output; 0.02 would shrink its
             # activations ~25x, so it gets the fan-in scale instead.
@@ -79,12 +84,53 @@ def _init_rules(model: nn.Module) -> dict[str, _Init]:
     return rules
 
 
-def plan_shards(parameters: list[tuple[str, nn.Parameter]], max_shard_bytes: int) -> list[Shard]:
+# transformers 5 holds a MoE layer's experts as two fused 3-D parameters, but checkpoints store one Linear per
+# expert, and vLLM loads those names (transformers' conversion_mapping.py maps qwen3_omni_moe to the qwen2_moe
+# rules: `experts.{e}.gate_proj`/`up_proj` stacked into `gate_up_proj`, `experts.{e}.down_proj` into `down_proj`).
+_FUSED_EXPERTS = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
+
+
+def disk_tensors(model: nn.Module) -> list[tuple[str, torch.Size]]:
+    """The tensors a checkpoint of `model` stores, in model order: its parameters, with fused experts split into
+    the per-expert Linear weights of the released format."""
+    tensors: list[tuple[str, torch.Size]] = []
+    for name, param in model.named_parameters():
+        if name.endswith(_FUSED_EXPERTS[0]):
+            base = name.removesuffix(".gate_up_proj")
+            experts, outputs, inputs = param.shape
+            for e in range(experts):
+                tensors.append((f"{base}.{e}.gate_proj.weight", torch.Size((outputs // 2, inputs))))
+                tensors.append((f"{base}.{e}.up_proj.weight", torch.Size((outputs // 2, inputs))))
+        elif name.endswith(_FUSED_EXPERTS[1]):
+            base = name.removesuffix(".down_proj")
+            experts, outputs, inputs = param.shape
+            tensors.extend((f"{base}.{e}.down_proj.weight", torch.Size((outputs, inputs))) for e in range(experts))
+        else:
+            tensors.append((name, param.shape))
+    return tensors
+
+
+def _disk_rules(rules: dict[str, _Init], tensors: list[tuple[str, torch.Size]]) -> dict[str, _Init]:
+    """`rules` keyed by the stored names: a split expert draws like the fused parameter it came from."""
+    out: dict[str, _Init] = {}
+    for name, _ in tensors:
+        if name in rules:
+            out[name] = rules[name]
+            continue
+        base, _, rest = name.partition(".mlp.experts.")
+        fused = "gate_up_proj" if rest.endswith(("gate_proj.weight", "up_proj.weight")) else "down_proj"
+        out[name] = rules[f"{base}.mlp.experts.{fused}"]
+    return out
+
+
+def plan_shards(
+    parameters: list[tuple[str, nn.Parameter]] | list[tuple[str, torch.Size]], max_shard_bytes: int
+) -> list[Shard]:
     """Consecutive parameters (model order) packed into shards of at most `max_shard_bytes` (one big tensor
     may exceed it alone)."""
     shards: list[Shard] = []
-    for name, param in parameters:
-        num_bytes = param.numel() * DTYPE.itemsize
+    for name, shape in parameters:
+        num_bytes = shape.numel() * DTYPE.itemsize
         if not shards or (shards[-1].num_bytes + num_bytes > max_shard_bytes and shards[-1].names):
             shards.append(Shard([], 0))
         shards[-1].names.append(name)
@@ -127,7 +173,7 @@ def _shard_tensors(
 
 def write_backbone(
     folder: Path,
-    config: Qwen3_5Config,
+    config: PretrainedConfig,
     spec: Size,
     seed: int,
     device: torch.device,
@@ -136,12 +182,12 @@ def write_backbone(
 ) -> None:
     """The backbone's safetensors shards of `spec` and their index, reported as `task` in bytes."""
     model = meta_model(config)
-    parameters = list(model.named_parameters())
-    if set(model.state_dict()) != {name for name, _ in parameters}:
-        # A persistent buffer would have to be saved too; none exists in transformers 5.17's Qwen3.5.
-        raise RuntimeError("the Qwen3.5 model has persistent buffers; update clef_quant/tiny/weights.py")
-    rules = _init_rules(model)
-    shapes = {name: param.shape for name, param in parameters}
+    if set(model.state_dict()) != {name for name, _ in model.named_parameters()}:
+        # A persistent buffer would have to be saved too; none exists in transformers 5.17's Qwen3.5 or Omni thinker.
+        raise RuntimeError("the backbone has persistent buffers; update clef_quant/tiny/weights.py")
+    parameters = disk_tensors(model)
+    rules = _disk_rules(_init_rules(model), parameters)
+    shapes = dict(parameters)
     shards = plan_shards(parameters, spec.max_shard_bytes)
     total = sum(shard.num_bytes for shard in shards)
     files = (
@@ -160,7 +206,7 @@ def write_backbone(
     # `joint_head.safetensors` included, and fails on the head's names. A real release is sharded, so it always
     # has an index and vLLM reads only the files named there.
     index = {
-        "metadata": {"total_parameters": sum(p.numel() for _, p in parameters), "total_size": total},
+        "metadata": {"total_parameters": sum(shape.numel() for _, shape in parameters), "total_size": total},
         "weight_map": {name: file for shard, file in zip(shards, files, strict=True) for name in shard.names},
     }
     text = json.dumps(index, indent=2, sort_keys=True) + "\n"

@@ -35,9 +35,9 @@ from clef_vllm.encoder import Encoder
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
 from clef_vllm.errors import RequestError, SettingsError
 from clef_vllm.invariance import GPU_STEP_TOKENS, KERNELS, invariance_method, set_invariant_kernels, uses_gpu
-from clef_vllm.plugin import ARCHITECTURE
+from clef_vllm.plugin import architecture_overrides
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
-from clef_vllm.release_source import local_release
+from clef_vllm.release_source import BACKBONE_CONFIG, local_release
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits
 from clef_vllm.vllm_logs import show_vllm_warnings_once
 
@@ -127,7 +127,7 @@ def engine_args(
     args: dict[str, Any] = {
         "model": str(model),
         "runner": "pooling",
-        "hf_overrides": {"architectures": [ARCHITECTURE]},
+        "hf_overrides": architecture_overrides(config_architectures(model)),
         "pooler_config": PoolerConfig(task="token_classify"),
         "enable_prefix_caching": False,
         "language_model_only": not limits.media_enabled,
@@ -147,6 +147,25 @@ def prepare_engine_process(batch_invariant: bool, model: str | Path) -> None:
     kernels when answers must not move with load and they cover the model here."""
     apply_cpu_defaults()
     set_invariant_kernels(batch_invariant and invariance_method(uses_gpu(), model) == KERNELS)
+
+
+def config_architectures(model: str | Path) -> list[str]:
+    """config.json's `architectures` of a local folder or a Hub id ([] when it cannot be read)."""
+    import json
+
+    path = Path(model) / BACKBONE_CONFIG
+    if not path.is_file():
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = Path(hf_hub_download(str(model), BACKBONE_CONFIG))
+        except Exception:  # offline or no such repo: vLLM reports it when it starts
+            return []
+    try:
+        found = json.loads(path.read_text(encoding="utf-8")).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(name) for name in found] if isinstance(found, list) else []
 
 
 # Engines whose core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) share vLLM's process-wide

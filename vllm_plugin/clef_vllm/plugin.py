@@ -12,6 +12,27 @@ from __future__ import annotations
 ARCHITECTURE = "ClefFlashForJointSchema"
 _MODEL_CLASS = "clef_vllm.vllm_model:ClefFlashForJointSchema"
 
+# Clef backbones vLLM 0.32 serves with its own class: vllm/transformers_utils/model_arch_config_convertor.py
+# (Qwen3OmniMoeModelArchConfigConvertor) switches a Qwen3-Omni folder holding joint_head_config.json to
+# ClefOmniForJointSchema (vllm/model_executor/models/clef_omni.py). Every other Clef backbone (Qwen3.5: clef-flash
+# and the 27B) is served by the class this plugin registers, named with `--hf-overrides`.
+NATIVE_ARCHITECTURES = {"Qwen3OmniMoeForConditionalGeneration": "ClefOmniForJointSchema"}
+
+
+def engine_architecture(config_architectures: list[str]) -> str:
+    """The vLLM class that serves a Clef folder whose config.json names `config_architectures`."""
+    for name in config_architectures:
+        if name in NATIVE_ARCHITECTURES:
+            return NATIVE_ARCHITECTURES[name]
+    return ARCHITECTURE
+
+
+def architecture_overrides(config_architectures: list[str]) -> dict[str, list[str]]:
+    """The `hf_overrides` that make vLLM serve the folder with its Clef class ({} when vLLM picks it itself)."""
+    if engine_architecture(config_architectures) == ARCHITECTURE:
+        return {"architectures": [ARCHITECTURE]}
+    return {}
+
 
 def register() -> None:
     from vllm import ModelRegistry

@@ -1,0 +1,260 @@
+"""The Clef family: clef (27B) and Clef-Omni beside clef-flash. Their sizes, their tiny siblings' structure, their
+quantized releases (each with its own keep-list) and their serving paths: clef-tiny through the plugin, omni-tiny
+through vLLM's own ClefOmniForJointSchema. One engine per family (`clef_engine`), one server per family."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from safetensors import safe_open
+from typer.testing import CliRunner
+
+from clef_quant.cli import app
+from clef_quant.families import FAMILIES, family_of_folder
+from clef_quant.quantize.inspect import inspect_checkpoint
+from clef_quant.quantize.recipes import keep_bf16, yaml_list
+from clef_quant.tiny import SIZES, parameter_count
+from clef_quant.tiny.backbone_config import backbone_config, meta_model, placeholder_ids
+
+EXAMPLE_REQUEST = Path(__file__).resolve().parents[1] / "examples" / "request.json"
+# bf16 through vLLM's CPU kernels against transformers' (the README's noise floor is 0.011 on the tiny model;
+# MoE routing adds its own rounding).
+NOISE_FLOOR = 0.05
+
+
+@pytest.fixture
+def own_engine_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Omni engine runs its core in its own process: in-process engines share vLLM's process-wide parallel
+    state, which the suite's first (dense) engine creates without the expert-parallel group a MoE model needs."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+
+
+def _probabilities(response: dict[str, Any]) -> dict[str, float]:
+    """Every option probability of a SystemOne response, keyed `question/option` (noul as its p_true)."""
+    found: dict[str, float] = {}
+    for qid, answer in response["answers"].items():
+        if answer["type"] == "noul":
+            found[f"{qid}/true"] = answer["noul"]
+        else:
+            found.update({f"{qid}/{o}": p for o, p in answer["probabilities"].items()})
+    return found
+
+
+def _max_gap(a: dict[str, Any], b: dict[str, Any]) -> float:
+    pa, pb = _probabilities(a), _probabilities(b)
+    assert pa.keys() == pb.keys()
+    return max(abs(pa[k] - pb[k]) for k in pa)
+
+
+# -- sizes ------------------------------------------------------------------------------------------------------
+
+
+def test_clef_size_has_the_27b_shapes() -> None:
+    config = backbone_config(SIZES["clef"], placeholder_ids(SIZES["clef"]))
+    text = config.text_config
+    assert (text.hidden_size, text.num_hidden_layers, text.num_attention_heads, text.num_key_value_heads) == (
+        5120,
+        64,
+        24,
+        4,
+    )
+    assert (text.intermediate_size, text.vocab_size) == (17408, 248320)
+    assert text.layer_types.count("full_attention") == 16 and text.layer_types.count("linear_attention") == 48
+    assert config.vision_config.out_hidden_size == 5120
+    assert SIZES["clef"].family == "clef" and FAMILIES["clef"].hidden_size == 5120
+    assert 27.4e9 < parameter_count("clef") < 27.6e9  # 55 GB in bf16, the release's size
+    names = {name for name, _ in meta_model(config).named_parameters()}
+    assert not any("mtp" in name for name in names)
+
+
+def test_omni_size_has_the_thinker_shapes() -> None:
+    config = backbone_config(SIZES["omni"], placeholder_ids(SIZES["omni"]))
+    thinker = config.thinker_config
+    text = thinker.text_config
+    assert (text.hidden_size, text.num_hidden_layers, text.num_experts, text.num_experts_per_tok) == (2048, 48, 128, 8)
+    assert (text.moe_intermediate_size, text.vocab_size, text.head_dim) == (768, 152064, 128)
+    assert thinker.audio_config.output_dim == thinker.vision_config.out_hidden_size == 2048
+    assert config.architectures == ["Qwen3OmniMoeForConditionalGeneration"] and not config.enable_audio_output
+    assert 31.5e9 < parameter_count("omni") < 32.0e9
+
+
+# -- tiny siblings ----------------------------------------------------------------------------------------------
+
+
+def test_clef_tiny_keeps_the_27b_structure(family_dir) -> None:
+    folder = family_dir("clef-tiny")
+    text = json.loads((folder / "config.json").read_text())["text_config"]
+    big = SIZES["clef"].text
+    assert text["layer_types"] == SIZES["tiny"].text.layer_types  # 3 Gated DeltaNet layers, then full attention
+    assert (
+        text["num_attention_heads"] // text["num_key_value_heads"] == big.num_attention_heads // big.num_key_value_heads
+    )
+    assert (
+        text["linear_num_value_heads"] // text["linear_num_key_heads"]
+        == big.linear_num_value_heads // big.linear_num_key_heads
+    )
+    assert family_of_folder(folder) is FAMILIES["clef"]
+    assert sum(f.stat().st_size for f in folder.iterdir()) < 8_000_000
+
+
+def test_omni_tiny_keeps_every_part_of_the_thinker(family_dir) -> None:
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    folder = family_dir("omni-tiny")
+    spec = SIZES["omni-tiny"].text
+    with safe_open(folder / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+    for layer in range(spec.num_hidden_layers):
+        prefix = f"thinker.model.layers.{layer}.mlp."
+        assert f"{prefix}gate.weight" in names  # the router
+        for expert in range(spec.num_experts):  # one Linear per expert, as released and as vLLM loads them
+            assert {f"{prefix}experts.{expert}.{p}_proj.weight" for p in ("gate", "up", "down")} <= names
+    assert any(n.startswith("thinker.audio_tower.") for n in names)
+    assert any(n.startswith("thinker.visual.merger_list.") for n in names)  # deepstack
+    assert not any(n.startswith(("talker.", "code2wav.")) for n in names)
+    _, info = Qwen3OmniMoeForConditionalGeneration.from_pretrained(folder, output_loading_info=True)
+    assert info["missing_keys"] == set() and info["unexpected_keys"] == set() and info["mismatched_keys"] == set()
+    assert family_of_folder(folder) is FAMILIES["clef-omni"]
+    assert sum(f.stat().st_size for f in folder.iterdir()) < 8_000_000
+
+
+# -- quantize and inspect ---------------------------------------------------------------------------------------
+
+
+def test_omni_fp8_quantizes_every_expert_and_keeps_its_keep_list(family_quantized) -> None:
+    folder = family_quantized("omni-tiny", "fp8-dynamic")
+    report = inspect_checkpoint(folder)
+    assert report.ok, [str(v) for v in report.violations]
+    assert report.family is FAMILIES["clef-omni"]
+    schemes = {m.name: m.scheme for m in report.modules}
+    experts = [name for name in schemes if ".mlp.experts." in name]
+    spec = SIZES["omni-tiny"].text
+    assert len(experts) == spec.num_hidden_layers * spec.num_experts * 3
+    assert {schemes[name] for name in experts} == {"FP8_DYNAMIC"}
+    kept = [n for n in schemes if n.startswith(("thinker.audio_tower.", "thinker.visual.")) or n == "thinker.lm_head"]
+    assert kept and {schemes[n] for n in kept} == {"bf16"}
+    ignore = yaml.safe_load((folder / "recipe.yaml").read_text())["default_stage"]["default_modifiers"][
+        "QuantizationModifier"
+    ]["ignore"]
+    assert ignore == list(keep_bf16(FAMILIES["clef-omni"]))  # Omni's own keep-list, not clef-flash's
+    assert r"re:.*mlp\.gate$" in ignore
+    kinds = report.totals_by_kind()
+    assert "audio" in kinds and "mlp.experts.gate_proj" in kinds
+
+
+def test_omni_nvfp4_calibrates_every_expert(family_quantized) -> None:
+    folder = family_quantized("omni-tiny", "nvfp4")
+    report = inspect_checkpoint(folder)
+    assert report.ok, [str(v) for v in report.violations]  # each expert's gate/up share one global scale
+    scales: dict[str, float] = {}
+    for shard in json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"].values():
+        with safe_open(folder / shard, "pt") as f:
+            found = [k for k in f.keys() if k.endswith("input_global_scale")]  # noqa: SIM118
+            scales.update({k: f.get_tensor(k).float().item() for k in found})
+    spec = SIZES["omni-tiny"].text
+    expert_scales = {k: v for k, v in scales.items() if ".mlp.experts." in k}
+    # An activation scale for every expert's three projections, each from calibration data that reached it.
+    assert len(expert_scales) == spec.num_hidden_layers * spec.num_experts * 3
+    assert all(math.isfinite(v) and v > 0 for v in expert_scales.values())
+
+
+def test_clef_tiny_nvfp4a16_shares_the_qkv_z_scale(family_quantized) -> None:
+    folder = family_quantized("clef-tiny", "nvfp4a16")
+    report = inspect_checkpoint(folder)
+    assert report.ok, [str(v) for v in report.violations]
+    assert report.family is FAMILIES["clef"]
+    for layer, kind in enumerate(SIZES["clef-tiny"].text.layer_types):
+        if kind != "linear_attention":
+            continue
+        prefix = f"model.language_model.layers.{layer}.linear_attn."
+        with safe_open(folder / "model.safetensors", "pt") as f:
+            qkv = f.get_tensor(f"{prefix}in_proj_qkv.weight_global_scale")
+            z = f.get_tensor(f"{prefix}in_proj_z.weight_global_scale")
+        assert qkv.equal(z)
+
+
+def test_inspect_names_the_model(family_dir) -> None:
+    result = CliRunner().invoke(app, ["inspect", str(family_dir("omni-tiny")), "--json"])
+    assert json.loads(result.stdout)["model"]["engine_architecture"] == "ClefOmniForJointSchema"
+
+
+# -- serving --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", ["clef-tiny", "omni-tiny"])
+def test_engine_matches_the_transformers_reference(
+    family_dir, clef_engine, monkeypatch: pytest.MonkeyPatch, size: str
+) -> None:
+    from clef_quant.reference import ReferenceScorer
+    from clef_vllm.request import parse_request
+
+    folder = family_dir(size)
+    body = json.loads(EXAMPLE_REQUEST.read_text())
+    if SIZES[size].audio is not None:
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # see own_engine_process
+    engine = clef_engine(folder)
+    architecture = engine.llm.llm_engine.model_config.architecture
+    assert architecture == FAMILIES[SIZES[size].family].engine_architecture
+    (served,) = engine.score([body])
+    reference = ReferenceScorer(folder).score([parse_request(body)])[0].response
+    assert served["usage"] == reference["usage"]
+    assert _max_gap(served, reference) < NOISE_FLOOR
+
+
+def test_vllm_serve_answers_omni_natively(family_dir, clef_engine, own_engine_process, tmp_path: Path) -> None:
+    """`vllm serve` on an Omni folder needs no override: vLLM's own class and its /v1/systemone read strategy
+    answer as our engine does."""
+    from clef_quant.bench.processes import free_port, running
+
+    folder = family_dir("omni-tiny")
+    body = json.loads(EXAMPLE_REQUEST.read_text())
+    (ours,) = clef_engine(folder).score([body])
+    port = free_port()
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(folder), "--runner", "pooling", "--served-model-name", "clef", "--port", str(port),
+        "--max-model-len", "4096", "--enforce-eager", "--language-model-only",
+    ]  # fmt: skip
+    with running(command, port, tmp_path / "vllm-serve.log"):
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/systemone", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert _max_gap(response.json(), ours) < 2e-3
+
+
+def test_eval_runs_on_omni(family_dir, own_engine_process, tmp_path: Path) -> None:
+    """eval's three sides on Omni: transformers, the bf16 folder through vLLM, and a candidate. vLLM 0.32's CPU build
+    has no quantized-MoE kernel, so the candidate here quantizes attention only (FP8) and leaves the experts bf16."""
+    from clef_quant.quantize.run import QuantizeConfig, quantize
+
+    fixtures = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
+    folder = family_dir("omni-tiny")
+    keep = yaml_list((*keep_bf16(FAMILIES["clef-omni"]), r"re:.*mlp\.experts\..*"))
+    recipe = tmp_path / "attention-fp8.yaml"
+    recipe.write_text(
+        "default_stage:\n  default_modifiers:\n    QuantizationModifier:\n"
+        f"      targets: [Linear]\n      ignore: {keep}\n      scheme: FP8_DYNAMIC\n"
+    )
+    candidate = quantize(QuantizeConfig(source=str(folder), out=tmp_path / "omni-attn-fp8", recipe_file=recipe)).out
+    runner = CliRunner()
+    data = tmp_path / "data"
+    built = runner.invoke(
+        app,
+        ["build-data", "--out", str(data), "--source", str(fixtures), "--per-task", "1", "--calibration", "1",
+         "--tokenizer", str(folder)],
+    )  # fmt: skip
+    assert built.exit_code == 0, built.output
+    result = runner.invoke(
+        app,
+        ["eval", "--reference", str(folder), "--candidate", str(candidate), "--data", str(data),
+         "--out", str(tmp_path / "results"), "--max-model-len", "4096", "--enforce-eager"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    results = json.loads((tmp_path / "results" / "results.json").read_text())
+    assert len(results["sides"]) == 3, results["sides"]
