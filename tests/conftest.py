@@ -5,10 +5,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from pathlib import Path
 
 import pytest
+
+# One torch thread per process, for this process and every process it starts (CLI runs, servers, the README
+# session). The tiny model's ops are far too small to split, and a second OpenMP thread spin-waits at every op's
+# barrier: with any other busy process on two cores (the suite's own servers, a neighbour's job) a forward pass of
+# the tiny model took 3.9 s instead of 0.12 s, and `clef-quant scan` 73 s of CPU instead of 11 s. vLLM does the same
+# for its engine steps (`set_torch_threads_for_runtime`). Set before torch is imported; an explicit value wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
@@ -119,6 +126,7 @@ ENGINES_KEPT = 3
 def clef_engine():
     """Factory for `ClefEngine`s, shared by every test that asks for the same one; the least recently asked-for
     engine is closed once more than ENGINES_KEPT are open (in-process start takes seconds)."""
+    count_engine_starts()
     from clef_vllm.engine import ClefEngine
 
     engines: OrderedDict[tuple[str, str], ClefEngine] = OrderedDict()
@@ -180,3 +188,57 @@ def live_process():
     yield process
     process.kill()
     process.wait()
+
+
+# -- engine starts, counted for the session summary --------------------------------------------------------------
+# Each start costs seconds in process and ~20 s as a server; the summary at the end of a run shows what started how
+# often, so a duplicate start (a fixture that could have been shared) is seen.
+
+ENGINE_STARTS: Counter[str] = Counter()
+
+
+def count_engine_starts() -> None:
+    """Count every `ClefEngine` made in this process, once its module is imported (idempotent)."""
+    module = sys.modules.get("clef_vllm.engine")
+    if module is None or getattr(module.ClefEngine.__init__, "counted", False):
+        return
+    started = module.ClefEngine.__init__
+
+    def init(self, model, *args, **kwargs) -> None:
+        folder = Path(str(model))
+        settings = " ".join(f"{k}={v}" for k, v in sorted(kwargs.items()))
+        ENGINE_STARTS[f"in-process {folder.parent.name}/{folder.name} {settings}"] += 1
+        started(self, model, *args, **kwargs)
+
+    init.counted = True
+    module.ClefEngine.__init__ = init
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from clef_quant.bench import processes
+
+    waited = processes.wait_healthy
+
+    def wait_healthy(process: subprocess.Popen, port: int, log: Path) -> list[int]:
+        command = [str(a) for a in process.args]
+        name = "vllm serve" if "vllm.entrypoints.openai.api_server" in command else Path(command[0]).name
+        flags = [a for i, a in enumerate(command) if i and command[i - 1] not in ("--model", "--port")]
+        shown = " ".join(a for a in flags if a.startswith("-") or not Path(a).is_absolute())
+        ENGINE_STARTS[f"server {name} {shown}"] += 1
+        return waited(process, port, log)
+
+    processes.wait_healthy = wait_healthy
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    count_engine_starts()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not ENGINE_STARTS:
+        return
+    total = sum(ENGINE_STARTS.values())
+    terminalreporter.write_sep("-", f"engine starts: {total} (README session's own not counted)")
+    for what, count in sorted(ENGINE_STARTS.items(), key=lambda item: (-item[1], item[0])):
+        terminalreporter.write_line(f"{count:3d}  {what}")
