@@ -63,12 +63,16 @@ class OneLineUsageErrors(TyperGroup):
 
 
 def user_errors(func: Callable[P, R]) -> Callable[P, R]:
-    """Wrap a command so that bad input ends with one clear line, never a traceback."""
+    """Wrap a command so that bad input ends with one clear line, never a traceback, and SIGTERM ends it as
+    Ctrl-C does: the engines and servers it started are stopped, not left running without it."""
 
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        from clef_quant.release_folder.signals import signals_raise
+
         try:
-            return func(*args, **kwargs)
+            with signals_raise():
+                return func(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
         except ClefError as exc:

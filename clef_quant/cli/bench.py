@@ -320,7 +320,6 @@ def modes(
     from clef_quant.bench.environment import machine_name
     from clef_quant.bench.modes import MODES, ModesResult, run_modes
     from clef_quant.bench.workload import serving_requests
-    from clef_quant.release_folder.signals import signals_raise
     from clef_vllm.encoder import Encoder
     from clef_vllm.request import parse_request
 
@@ -361,9 +360,8 @@ def modes(
     if append:
         result = _appended(out.with_suffix(".json"), result)
     quiet_tools(False, VLLM_QUIET)
-    # SIGTERM (a time limit's kill) raises like Ctrl-C, so the servers started are stopped and what was measured
-    # is written.
-    with signals_raise(), stage_line("benchmarking") as progress, _report_written(result, out):
+    # Stopped early (Ctrl-C, or SIGTERM, which user_errors turns into the same), it writes what it measured.
+    with stage_line("benchmarking") as progress, _report_written(result, out):
         run_modes(
             releases,
             bodies,
