@@ -17,7 +17,7 @@ import zstandard
 from raw_json import NOUL, deep
 
 from clef_vllm.errors import RequestError
-from clef_vllm.server import strict_json
+from clef_vllm import strict_json
 from clef_vllm.server.body import TooLarge, decoder_for
 from clef_vllm.server.error_shape import ApiError
 from clef_vllm.server.model_info import model_info

@@ -19,7 +19,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from clef_vllm.errors import RequestError
-from clef_vllm.server import openapi, strict_json
+from clef_vllm import strict_json
+from clef_vllm.server import openapi
 from clef_vllm.server.backend import EngineBackend
 from clef_vllm.server.body import read_body
 from clef_vllm.server.error_shape import ApiError, install
