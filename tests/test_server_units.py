@@ -286,6 +286,9 @@ def test_a_config_built_in_python_keeps_the_flags_bounds():
         ServeConfig(model="m", tensor_parallel_size=0)
     with pytest.raises(SettingsError, match=r"^--idle-timeout must be >= 0, not -1$"):
         ServeConfig(model="m", idle_timeout=-1)
+    with pytest.raises(SettingsError, match=r"^--max-body-mb must be >= 0.000976562, not 0.0009$"):
+        ServeConfig(model="m", max_body_mb=0.0009)  # under 1 KiB: every request would be refused
+    assert ServeConfig(model="m", max_body_mb=1 / 1024).max_body_bytes == 1024
 
 
 # -- clef-systemone refuses bad flags as clef-quant does: one `error:` line, exit 2 ---------------------------
@@ -311,6 +314,9 @@ def refused_line(capsys, call) -> str:
         pytest.param(["--model", "m", "--max-connections", "0"], "--max-connections must be >= 1, not 0", id="conns"),
         pytest.param(["--model", "m", "--body-timeout", "0"], "--body-timeout must be > 0, not 0.0", id="timeout"),
         pytest.param(["--model", "m", "--limit-images", "-1"], "--limit-images must be >= 0, not -1", id="images"),
+        pytest.param(
+            ["--model", "m", "--max-body-mb", "1e-9"], "--max-body-mb must be >= 0.000976562, not 1e-09", id="body-cap"
+        ),
         pytest.param(["--model", "m", "--no-such-flag"], "unrecognized arguments: --no-such-flag", id="unknown"),
     ],
 )
