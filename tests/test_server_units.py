@@ -16,8 +16,8 @@ import pytest
 import zstandard
 from raw_json import NOUL, deep
 
-from clef_vllm.errors import RequestError
 from clef_vllm import strict_json
+from clef_vllm.errors import RequestError
 from clef_vllm.server.body import TooLarge, decoder_for
 from clef_vllm.server.error_shape import ApiError
 from clef_vllm.server.model_info import model_info
@@ -191,10 +191,40 @@ def test_an_unexpected_error_is_a_json_500_without_internals(tmp_path, caplog):
             "field": None,
         },
         "detail": "internal error while scoring the request",
+        "code": "internal_error",
     }
     assert response.headers["x-request-id"] == "trace-me"
     logged = [r for r in caplog.records if "trace-me" in r.getMessage() and r.exc_info]
     assert logged, "the failure is logged with its request id"
+
+
+def test_every_route_requires_the_key_unless_listed_open(tiny_dir):
+    from fastapi.routing import APIRoute
+
+    from clef_vllm.server.app import OPEN_ROUTES, RequireKey, create_app
+    from clef_vllm.server.backend import EngineBackend, ServeConfig
+
+    app = create_app(EngineBackend(ServeConfig(model=str(tiny_dir), api_key="k")), start_engine=False)
+    routes = app.fastapi.routes
+    assert {route.path for route in routes} >= OPEN_ROUTES, "an open route that the app does not have"
+    keyed = []
+    for route in routes:
+        if route.path in OPEN_ROUTES:
+            continue
+        checks = [d.call for d in route.dependant.dependencies] if isinstance(route, APIRoute) else []
+        assert any(isinstance(check, RequireKey) for check in checks), f"{route.path} is neither keyed nor open"
+        keyed += [
+            (method, route.path.replace("{account_id}", "a").replace("{name:path}", "clef")) for method in route.methods
+        ]
+    assert keyed
+
+    async def ask(key: str | None) -> list[int]:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            return [(await client.request(method, path, headers=headers)).status_code for method, path in keyed]
+
+    assert asyncio.run(ask(None)) == [401] * len(keyed)
+    assert 401 not in asyncio.run(ask("k"))  # 503 here: the engine was never started
 
 
 # -- clef-systemone's settings: one field of ServeConfig each -------------------------------------------------

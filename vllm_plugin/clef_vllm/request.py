@@ -353,8 +353,10 @@ def _media(value: object, where: str, parts: Mapping[str, bytes], kind: Literal[
         item = MediaObject.model_validate(value)
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
-        inner = ".".join(str(part) for part in error["loc"]) or "value"
-        raise RequestError(f"{where}.{inner}: {error['msg']}", where) from None
+        inner = ".".join(str(part) for part in error["loc"])
+        raise RequestError(
+            f"{where}.{inner or 'value'}: {error['msg']}", f"{where}.{inner}" if inner else where
+        ) from None
     if item.type is not None and item.type != kind:
         raise RequestError(f'{where} has type "{item.type}" where {kind} data belongs', f"{where}.type")
     sources = {

@@ -48,6 +48,7 @@ class ErrorDetail(BaseModel):
 class ErrorBody(BaseModel):
     error: ErrorDetail
     detail: str = Field(description="The message again, as a top-level string (for clients that read only that)")
+    code: str = Field(description="The code again, as a top-level string (for clients that read only that)")
 
 
 class WorkersAIError(BaseModel):
