@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -66,18 +67,31 @@ def folder_files(folder: Path) -> list[str]:
     return sorted(f for f in files if f != MANIFEST_FILE)
 
 
-def symlinks_in(folder: Path) -> dict[str, str]:
-    """`{relative path: target}` for every symlink under `folder`, to a file or a folder; linked folders are not
-    entered. A release holds regular files only: a link would make readers (and an upload) read whatever it
-    points at, which no manifest hash covers."""
+def not_regular(folder: Path) -> dict[str, str]:
+    """`{relative path: what it is}` for every entry under `folder` that is neither a regular file nor a folder: a
+    symlink (to a file or a folder; linked folders are not entered), a named pipe, a socket, a device. A release
+    holds regular files only: a link would make readers (and an upload) read whatever it points at, which no
+    manifest hash covers, and a pipe or a device blocks or streams whatever its other end writes."""
     folder = Path(folder)
-    links = {}
+    found = {}
     for parent, dirs, files in os.walk(folder):
         for name in (*dirs, *files):
             path = Path(parent) / name
             if path.is_symlink():
-                links[path.relative_to(folder).as_posix()] = os.readlink(path)
-    return dict(sorted(links.items()))
+                found[path.relative_to(folder).as_posix()] = f"a symlink (to {os.readlink(path)})"
+            elif not (path.is_dir() or stat.S_ISREG(path.lstat().st_mode)):
+                found[path.relative_to(folder).as_posix()] = _kind_of(path.lstat().st_mode)
+    return dict(sorted(found.items()))
+
+
+def _kind_of(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
 
 
 def hash_files(

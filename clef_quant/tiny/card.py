@@ -10,10 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from clef_quant.release_folder.outputs import MAKE_TINY_MARK
+
 CARD_FILE = "README.md"
 TEMPLATE = "tiny.md.j2"
-# The front matter key of the mark: {"size": ..., "seed": ...} of the make-tiny run.
-MARK = "clef_quant_make_tiny"
+# The front matter key of the mark: {"size": ..., "seed": ...} of the make-tiny run. `--overwrite` replaces only
+# a folder whose card carries it (release_folder/outputs.py).
+MARK = MAKE_TINY_MARK
 LICENSE = "apache-2.0"  # clef-quant's own license: the weights are drawn by its code
 TAGS = ("clef", "random-weights")
 
