@@ -136,7 +136,9 @@ BAD_REQUESTS = [
         body(images=[{"data_base64": "a", "data": "b"}]), ["images[0]", "exactly one"], "images[0]", id="two-sources"
     ),
     pytest.param(body(images=[{"format": "png"}]), ["images[0]", "exactly one"], "images[0]", id="no-source"),
-    pytest.param(body(images=[{"data_base64": "a", "colour": 1}]), ["images[0].colour"], "images[0]", id="unknown-key"),
+    pytest.param(
+        body(images=[{"data_base64": "a", "colour": 1}]), ["images[0].colour"], "images[0].colour", id="unknown-key"
+    ),
     pytest.param(body(images=[{"part": "p1"}]), ["images[0]", '"p1"'], "images[0]", id="missing-part"),
     pytest.param(
         body(images=[{"type": "video", "data": "a"}]), ["images[0]", '"video"'], "images[0].type", id="image-as-video"
@@ -144,7 +146,12 @@ BAD_REQUESTS = [
     pytest.param(
         body(videos=[{"type": "image", "data": "a"}]), ["videos[0]", '"image"'], "videos[0].type", id="video-as-image"
     ),
-    pytest.param(body(images=[{"type": "audio", "data": "a"}]), ["images[0].type"], "images[0]", id="unknown-type"),
+    pytest.param(
+        body(images=[{"type": "audio", "data": "a"}]), ["images[0].type"], "images[0].type", id="unknown-media-type"
+    ),
+    pytest.param(
+        body(assets={"<a>": {"type": "audio", "data": "a"}}), ["assets.<a>.type"], "assets.<a>.type", id="asset-type"
+    ),
     pytest.param(
         body(assets={"<logo>": {"format": "png"}}), ["assets.<logo>", "exactly one"], "assets.<logo>", id="asset-empty"
     ),

@@ -146,11 +146,19 @@ def test_served_name_is_a_name_never_a_path(tmp_path):
     assert plain.name == "my-release"
     assert len(plain.release_date) == 10 and plain.description
     manifest = {
-        "scheme": "FP8_DYNAMIC",
+        "format": "clef-quant-manifest/1",
         "source": {"id": "/home/me/clef-flash", "local": True},
+        "scheme": "FP8_DYNAMIC",
+        "recipe": {},
+        "tools": {},
+        "calibration": {},
         "run": {"created": "2026-11-30T10:00:00Z"},
+        "files": {"config.json": {"sha256": "0" * 64, "size": 2}},
         "card": {"repo_id": "acme/clef-flash-FP8", "created": "2026-12-01T09:00:00Z"},
     }
+    # A manifest the typed model refuses says nothing: the folder's own name and dates stand.
+    (folder / "clef_quant.json").write_text(json.dumps({**manifest, "files": {"../x": {"sha256": "0", "size": 1}}}))
+    assert model_info(str(folder)) == plain
     (folder / "clef_quant.json").write_text(json.dumps(manifest))
     info = model_info(str(folder))
     assert (info.name, info.release_date) == ("acme/clef-flash-FP8", "2026-12-01")

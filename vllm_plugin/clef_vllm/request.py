@@ -6,11 +6,26 @@ order the model sees them, so encoding and answer mapping never re-derive that o
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    JsonValue,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from clef_vllm.errors import RequestError, SchemaTextTooLongError
 from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MediaData, MediaLimits
@@ -54,8 +69,10 @@ def schema_chars_limit(max_length: int) -> int:
     return max(SCHEMA_CHARS_PER_TOKEN * max_length, MIN_SCHEMA_CHARS)
 
 
-# The JSON Schema keyword under which a bound names the `Limits` field that holds its value (see `limited`).
+# The JSON Schema keyword under which a bound names the `Limits` field that holds its value (see `Bound`).
 LIMITS_KEYWORD = "x-clef-limits"
+# The pydantic error type of a refusal whose message is written here, whole (see `_from_validation_error`).
+REFUSED = "clef_refused"
 
 SCHEMA_TEXT = (
     f"as text (JSON rendered compactly), instructions and each option at most {SCHEMA_CHARS_PER_TOKEN} characters "
@@ -65,8 +82,8 @@ SCHEMA_TEXT = (
 
 
 def limited(**keywords: str | int) -> dict[str, Any]:
-    """`json_schema_extra` for bounds that `parse_request` checks itself, with messages naming the field: each
-    keyword's value is a `Limits` field name (the server's value, written in by `resolve_limits`) or a number."""
+    """`json_schema_extra` naming bounds by their `Limits` field (the server's value, written in by
+    `resolve_limits`) or as a number."""
     return {LIMITS_KEYWORD: keywords}
 
 
@@ -82,21 +99,117 @@ def resolve_limits(schema: Any, limits: Limits) -> Any:
     return resolved
 
 
-def documented_as(kind: Any) -> BeforeValidator:
-    """Annotates a field that validates as declared (loosely: `parse_request` checks the rest with its own
-    messages) and is described in the JSON Schema as `kind`, the shape the checks accept."""
-    return BeforeValidator(_unchanged, json_schema_input_type=kind)
+def refused(message: str) -> PydanticCustomError:
+    """A refusal in our own words; `_from_validation_error` adds the question it is about."""
+    return PydanticCustomError(REFUSED, "{message}", {"message": message})
 
 
-def _unchanged(value: Any) -> Any:
-    return value
+def _limits_of(info: ValidationInfo) -> Limits:
+    context = info.context if isinstance(info.context, dict) else {}
+    return context.get("limits", DEFAULT_LIMITS)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A count (items, properties) or a length, written once: the JSON Schema keywords /openapi.json shows and
+    the check validation applies. `at_least` and `at_most` are `Limits` field names or numbers; the messages are
+    formatted with `count`, `value` (cut to 40 characters), `at_least` and `at_most`."""
+
+    keywords: tuple[str, str]  # the JSON Schema keywords of the lower and the upper bound
+    at_least: str | int
+    at_most: str | int
+    too_few: str
+    too_many: str
+    empty: str | None = None  # for a count of 0, when it needs other words than `too_few`
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.with_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        document = handler(schema)
+        document[LIMITS_KEYWORD] = {self.keywords[0]: self.at_least, self.keywords[1]: self.at_most}
+        return document
+
+    def _check(self, value: Any, info: ValidationInfo) -> Any:
+        limits = _limits_of(info)
+        low, high = (getattr(limits, b) if isinstance(b, str) else b for b in (self.at_least, self.at_most))
+        count = len(value)
+        template = self.empty if count == 0 and self.empty else self.too_few if count < low else None
+        if count > high:
+            template = self.too_many
+        if template is not None:
+            shown = value[:40] if isinstance(value, str) else ""
+            raise refused(template.format(count=count, value=shown, at_least=low, at_most=high))
+        return value
+
+
+@dataclass(frozen=True)
+class Unique:
+    """List items that must differ (`uniqueItems`), with the message naming the first repeated one."""
+
+    message: str  # formatted with `value`
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return {**handler(schema), "uniqueItems": True}
+
+    def _check(self, value: list[Any]) -> list[Any]:
+        seen: set[Any] = set()
+        for item in value:
+            if item in seen:
+                raise refused(self.message.format(value=str(item)[:60]))
+            seen.add(item)
+        return value
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a value that has the wrong shape is told (the types pydantic would list mean little to a client);
+    a refusal from inside the value (an id, a count) is kept as it is."""
+
+    message: str
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_wrap_validator_function(self._check, handler(source))
+
+    def _check(self, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            if any(error["type"] == REFUSED for error in exc.errors()):
+                raise
+            raise refused(self.message) from None
 
 
 def _no_default(schema: dict[str, Any]) -> None:
     schema.pop("default", None)  # an absent field means something other than null
 
 
-Id = Annotated[str, Field(json_schema_extra=limited(minLength=1, maxLength="max_id_length"))]
+def _id(what: str) -> Bound:
+    return Bound(
+        ("minLength", "maxLength"),
+        1,
+        "max_id_length",
+        too_few=f'{what} "{{value}}" must be a non-empty string',
+        too_many=f'{what} "{{value}}..." is longer than {{at_most}} characters',
+    )
+
+
+QuestionId = Annotated[str, _id("question id")]
+OptionId = Annotated[str, _id("option id")]
+
+
+def _options(kind: str, noun: str, keywords: tuple[str, str], most: str) -> Bound:
+    return Bound(
+        keywords,
+        "min_options",
+        most,
+        too_few=f"needs at least {{at_least}} {noun}, got {{count}}",
+        too_many=f"too many {noun}: {{count}} (at most {{at_most}})",
+        empty=f"{kind} needs non-empty criteria",
+    )
 
 
 class QuestionFields(BaseModel):
@@ -107,13 +220,6 @@ class QuestionFields(BaseModel):
     instructions: JsonValue = Field(
         default=None, description="Any JSON; the question id when missing or empty; " + SCHEMA_TEXT
     )
-
-
-class QuestionBody(QuestionFields):
-    """One question as validated: the criteria of each type (the models below) are checked by `_question`."""
-
-    type: QuestionTypeName
-    criteria: dict[str, JsonValue] | list[JsonValue] | None = None
 
 
 class NoulCriteria(BaseModel):
@@ -129,45 +235,54 @@ class NoulQuestion(QuestionFields):
     """A proposition: the answer is the probability that it is true."""
 
     type: Literal["noul"]
-    criteria: NoulCriteria | None = Field(default=None, description="Optional descriptions of `true` and `false`")
+    criteria: Annotated[NoulCriteria | None, Shape("noul criteria must be an object with true/false")] = Field(
+        default=None, description="Optional descriptions of `true` and `false`"
+    )
 
 
 class ChoiceQuestion(QuestionFields):
     """One option out of several: the answer is the option and every option's probability."""
 
     type: Literal["choice"]
-    criteria: (
+    criteria: Annotated[
         Annotated[
-            dict[Id, JsonValue],
-            Field(
-                description="Option id -> description (any JSON; null for none)",
-                json_schema_extra=limited(minProperties="min_options", maxProperties="max_choice_options"),
-            ),
+            dict[OptionId, JsonValue],
+            Field(description="Option id -> description (any JSON; null for none)"),
+            _options("choice", "options", ("minProperties", "maxProperties"), "max_choice_options"),
         ]
         | Annotated[
-            list[Id],
-            Field(
-                description="Option ids without descriptions (read as null descriptions)",
-                json_schema_extra={
-                    "uniqueItems": True,
-                    **limited(minItems="min_options", maxItems="max_choice_options"),
-                },
-            ),
-        ]
-    ) = Field(description="The options, in the order the answer lists them")
+            list[OptionId],
+            Field(description="Option ids without descriptions (read as null descriptions)"),
+            Unique('option "{value}" is listed twice in criteria'),
+            _options("choice", "options", ("minItems", "maxItems"), "max_choice_options"),
+        ],
+        Shape("choice criteria must be an object of option id -> description or a list of option names (strings)"),
+    ] = Field(description="The options, in the order the answer lists them")
 
 
 class ScoreQuestion(QuestionFields):
     """A level on a scale: the answer is the expected level and every level's probability."""
 
     type: Literal["score"]
-    criteria: list[JsonValue] = Field(
-        description="Level descriptions, level 0 first",
-        json_schema_extra=limited(minItems="min_options", maxItems="max_score_levels"),
-    )
+    criteria: Annotated[
+        list[JsonValue],
+        _options("score", "levels", ("minItems", "maxItems"), "max_score_levels"),
+        Shape("score criteria must be a list of level descriptions"),
+    ] = Field(description="Level descriptions, level 0 first")
 
 
 AnyQuestion = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
+QUESTION_TYPES = typing.get_args(QuestionTypeName)
+
+
+def documented_as(kind: Any) -> BeforeValidator:
+    """Annotates a field that validates as declared (loosely: `parse_request` checks the rest with its own
+    messages) and is described in the JSON Schema as `kind`, the shape the checks accept."""
+    return BeforeValidator(_unchanged, json_schema_input_type=kind)
+
+
+def _unchanged(value: Any) -> Any:
+    return value
 
 
 class MediaObject(BaseModel):
@@ -216,10 +331,16 @@ class SystemOneRequest(BaseModel):
     assets: Annotated[dict[str, JsonValue] | None, documented_as(dict[str, Media] | None)] = Field(
         default=None, description="Placeholder -> image; referenced by the placeholder inside strings"
     )
-    questions: Annotated[dict[str, QuestionBody], documented_as(dict[Id, AnyQuestion])] = Field(
-        description="Question id -> question, in the order to encode",
-        json_schema_extra=limited(minProperties=1, maxProperties="max_questions"),
-    )
+    questions: Annotated[
+        dict[QuestionId, AnyQuestion],
+        Bound(
+            ("minProperties", "maxProperties"),
+            1,
+            "max_questions",
+            too_few="questions must be a non-empty object",
+            too_many="too many questions: {count} (at most {at_most})",
+        ),
+    ] = Field(description="Question id -> question, in the order to encode")
 
 
 @dataclass(frozen=True)
@@ -269,20 +390,12 @@ def parse_request(
     """
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
-    if "state" not in body:
-        raise RequestError("state is required", field="state")
     _refuse_box_questions(body.get("questions"))
     try:
-        wire = SystemOneRequest.model_validate(body)
+        wire = SystemOneRequest.model_validate(body, context={"limits": limits})
     except ValidationError as exc:
         raise _from_validation_error(exc) from None
-    if not wire.questions:
-        raise RequestError("questions must be a non-empty object", field="questions")
-    if len(wire.questions) > limits.max_questions:
-        raise RequestError(
-            f"too many questions: {len(wire.questions)} (at most {limits.max_questions})", field="questions"
-        )
-    questions = tuple(_question(qid, q, limits) for qid, q in wire.questions.items())
+    questions = tuple(_question(qid, q) for qid, q in wire.questions.items())
     parts = parts or {}
     images = [_media(value, f"images[{i}]", parts, "image") for i, value in enumerate(wire.images or ())]
     images += _assets(wire.assets or {}, wire.state, questions, parts)
@@ -410,83 +523,68 @@ def _assets(
     return [_media(assets[name], f"assets.{name}", parts, "image") for name in order]
 
 
-def _question(qid: str, body: QuestionBody, limits: Limits) -> Question:
-    where = f"questions.{qid}"
-    _check_id(qid, f'question id "{qid}"', where, limits)
+def _question(qid: str, body: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> Question:
+    """The validated question with its options in the order the model sees them."""
     qtype = QuestionType[body.type.upper()]
-    criteria = body.criteria
-    if qtype is QuestionType.NOUL:
-        if criteria is not None and not isinstance(criteria, dict):
-            raise RequestError(
-                f'question "{qid}": noul criteria must be an object with true/false', f"{where}.criteria"
-            )
-        overrides = criteria or {}
-        options = tuple(Option(key, overrides.get(key, default)) for key, default in NOUL_DEFAULTS.items())
+    if isinstance(body, NoulQuestion):
+        given = body.criteria or NoulCriteria()
+        options = (Option("true", given.true), Option("false", given.false))
         return Question(qid, qtype, body.instructions, options, ("true", "false"))
-    if not criteria:
-        raise RequestError(f'question "{qid}": {body.type} needs non-empty criteria', f"{where}.criteria")
-    if qtype is QuestionType.CHOICE:
-        criteria = _choice_criteria(qid, criteria, f"{where}.criteria")
-        _check_count(qid, len(criteria), "options", limits.max_choice_options, where, limits)
-        for option_id in criteria:
-            _check_id(option_id, f'question "{qid}": option id "{option_id}"', f"{where}.criteria", limits)
+    if isinstance(body, ChoiceQuestion):
+        # A list of option names is options without descriptions, read as the release reads a null description.
+        criteria = body.criteria if isinstance(body.criteria, dict) else dict.fromkeys(body.criteria)
         options = tuple(Option(key, criteria[key]) for key in sorted(criteria, key=str))
         return Question(qid, qtype, body.instructions, options, tuple(criteria))
-    if not isinstance(criteria, list):
-        raise RequestError(
-            f'question "{qid}": score criteria must be a list of level descriptions', f"{where}.criteria"
-        )
-    _check_count(qid, len(criteria), "levels", limits.max_score_levels, where, limits)
-    options = tuple(Option(str(level), value) for level, value in enumerate(criteria))
+    options = tuple(Option(str(level), value) for level, value in enumerate(body.criteria))
     return Question(qid, qtype, body.instructions, options, tuple(o.id for o in options))
 
 
-def _choice_criteria(qid: str, criteria: dict[str, Any] | list[Any], where: str) -> dict[str, Any]:
-    """Choice criteria as option id -> description; a list of option names is options without descriptions,
-    which the model reads as the release reads a null description (no description key)."""
-    if isinstance(criteria, dict):
-        return criteria
-    if not all(isinstance(name, str) for name in criteria):
-        raise RequestError(
-            f'question "{qid}": choice criteria must be an object of option id -> description or a list of '
-            "option names (strings)",
-            where,
-        )
-    seen: set[str] = set()
-    for name in criteria:
-        if name in seen:
-            raise RequestError(f'question "{qid}": option "{name[:60]}" is listed twice in criteria', where)
-        seen.add(name)
-    return dict.fromkeys(criteria)
-
-
-def _check_id(value: str, what: str, where: str, limits: Limits) -> None:
-    if not value:
-        raise RequestError(f"{what} must be a non-empty string", where)
-    if len(value) > limits.max_id_length:
-        raise RequestError(f"{what[:60]}... is longer than {limits.max_id_length} characters", where)
-
-
-def _check_count(qid: str, count: int, noun: str, maximum: int, where: str, limits: Limits) -> None:
-    if count < limits.min_options:
-        raise RequestError(
-            f'question "{qid}": needs at least {limits.min_options} {noun}, got {count}', f"{where}.criteria"
-        )
-    if count > maximum:
-        raise RequestError(f'question "{qid}": too many {noun}: {count} (at most {maximum})', f"{where}.criteria")
-
-
 def _from_validation_error(exc: ValidationError) -> RequestError:
-    error = exc.errors(include_url=False)[0]
-    loc = [str(part) for part in error["loc"] if not str(part).startswith(("function-", "list[", "dict["))]
-    # pydantic appends union member names to the location; keep only the path into the body.
-    field = ".".join(loc)
-    message = error["msg"]
-    if len(loc) >= 2 and loc[0] == "questions":
-        qid, inner = loc[1], ".".join(loc[2:]) or "question"
-        if error["type"] == "missing":
+    """One line naming the field: our own refusal when there is one (a union reports every branch), else
+    pydantic's first. Under a question the field goes at most to the question's own field (`questions.q1.
+    criteria`), and the message names the question."""
+    errors = exc.errors(include_url=False)
+    first = _body_path(errors[0])
+    error = next((e for e in errors if e["type"] == REFUSED and _body_path(e)[:3] == first[:3]), errors[0])
+    loc = _body_path(error)
+    kind, message = error["type"], error["msg"]
+    if loc[:1] == ["questions"] and len(loc) >= 2:
+        qid = loc[1]
+        if len(loc) == 2 and kind in ("model_attributes_type", "dict_type", "model_type"):
+            return RequestError(f'question "{qid}" must be an object with a type', ".".join(loc))
+        if kind in ("union_tag_not_found", "union_tag_invalid"):
+            loc, kind = [*loc[:2], "type"], "missing" if kind == "union_tag_not_found" else kind
+            if kind == "union_tag_invalid":
+                message = f"must be one of {', '.join(QUESTION_TYPES)}, not {str(error['input'].get('type'))[:40]!r}"
+        field = ".".join(loc[:3])
+        if loc[2:3] == ["[key]"]:  # the question id itself
+            return RequestError(message, ".".join(loc[:2]))
+        inner = ".".join(loc[2:3]) or "question"
+        if kind == REFUSED:
+            return RequestError(f'question "{qid}": {message}', field)
+        if kind == "missing":
             return RequestError(f'question "{qid}": {inner} is required', field)
         return RequestError(f'question "{qid}": {inner}: {message}', field)
-    if error["type"] == "missing":
+    field = ".".join(loc)
+    if kind == REFUSED:
+        return RequestError(message, field)
+    if kind == "missing":
         return RequestError(f"{field} is required", field)
     return RequestError(f"{field}: {message}", field)
+
+
+def _body_path(error: Any) -> list[str]:
+    """The error's location as a path into the body: pydantic also names union members, validators and the
+    question type's tag there."""
+    loc = [str(part) for part in error["loc"] if not _is_schema_step(part)]
+    if loc[:1] == ["questions"] and len(loc) >= 3 and loc[2] in QUESTION_TYPES:
+        del loc[2]
+    return loc
+
+
+def _is_schema_step(part: str | int) -> bool:
+    text = str(part)
+    return text.startswith(("function-", "list[", "dict[", "nullable[", "json-or-python[")) or text in (
+        "NoulCriteria",
+        "str",
+    )
