@@ -300,7 +300,7 @@ def test_openapi_lists_the_new_route_and_fields(server):
     choice_forms = schemas["ChoiceQuestion"]["properties"]["criteria"]["anyOf"]
     assert [form["type"] for form in choice_forms] == ["object", "array"]
     images, _ = schemas["SystemOneRequest"]["properties"]["images"]["anyOf"]
-    _, media_object = images["items"]["anyOf"]
+    _, media_object = images["items"]["oneOf"]  # a string or an object, never both
     media_properties = schemas[media_object["$ref"].rsplit("/", 1)[-1]]["properties"]
     assert media_properties["type"]["anyOf"][0]["enum"] == ["image", "video"]
 

@@ -13,13 +13,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
     JsonValue,
     StrictStr,
+    Tag,
     ValidationError,
     ValidationInfo,
     ValidatorFunctionWrapHandler,
@@ -99,9 +100,10 @@ def resolve_limits(schema: Any, limits: Limits) -> Any:
     return resolved
 
 
-def refused(message: str) -> PydanticCustomError:
-    """A refusal in our own words; `_from_validation_error` adds the question it is about."""
-    return PydanticCustomError(REFUSED, "{message}", {"message": message})
+def refused(message: str, named: bool = False) -> PydanticCustomError:
+    """A refusal in our own words; `_from_validation_error` adds the question it is about, and with `named` the
+    field it is about at the front."""
+    return PydanticCustomError(REFUSED, "{message}", {"message": message, "named": named})
 
 
 def _limits_of(info: ValidationInfo) -> Limits:
@@ -115,31 +117,40 @@ class Bound:
     the check validation applies. `at_least` and `at_most` are `Limits` field names or numbers; the messages are
     formatted with `count`, `value` (cut to 40 characters), `at_least` and `at_most`."""
 
-    keywords: tuple[str, str]  # the JSON Schema keywords of the lower and the upper bound
+    keywords: tuple[str | None, str]  # the JSON Schema keywords of the lower (None: none) and the upper bound
     at_least: str | int
     at_most: str | int
-    too_few: str
     too_many: str
+    too_few: str = ""
     empty: str | None = None  # for a count of 0, when it needs other words than `too_few`
+    off: str | None = None  # for any count when the upper bound is 0 (the server switched the thing off)
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
         return core_schema.with_info_after_validator_function(self._check, handler(source))
 
     def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         document = handler(schema)
-        document[LIMITS_KEYWORD] = {self.keywords[0]: self.at_least, self.keywords[1]: self.at_most}
+        low, high = self.keywords
+        document[LIMITS_KEYWORD] = {**({low: self.at_least} if low else {}), high: self.at_most}
         return document
 
-    def _check(self, value: Any, info: ValidationInfo) -> Any:
-        limits = _limits_of(info)
+    def problem(self, count: int, limits: Limits, value: Any = None) -> str | None:
+        """Why `count` is refused under `limits`, or None."""
         low, high = (getattr(limits, b) if isinstance(b, str) else b for b in (self.at_least, self.at_most))
-        count = len(value)
-        template = self.empty if count == 0 and self.empty else self.too_few if count < low else None
+        template = None
         if count > high:
-            template = self.too_many
-        if template is not None:
-            shown = value[:40] if isinstance(value, str) else ""
-            raise refused(template.format(count=count, value=shown, at_least=low, at_most=high))
+            template = self.off if high == 0 and self.off else self.too_many
+        elif count < low:
+            template = self.empty if count == 0 and self.empty else self.too_few
+        if template is None:
+            return None
+        shown = value[:40] if isinstance(value, str) else ""
+        return template.format(count=count, value=shown, at_least=low, at_most=high)
+
+    def _check(self, value: Any, info: ValidationInfo) -> Any:
+        problem = self.problem(len(value), _limits_of(info), value)
+        if problem is not None:
+            raise refused(problem)
         return value
 
 
@@ -174,13 +185,17 @@ class Shape:
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
         return core_schema.no_info_wrap_validator_function(self._check, handler(source))
 
+    named: bool = False  # the message follows the field's name ("images[0] must be ...")
+    when: tuple[str, ...] | None = None  # only these pydantic errors are told in `message` (None: any)
+
     def _check(self, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         try:
             return handler(value)
         except ValidationError as exc:
-            if any(error["type"] == REFUSED for error in exc.errors()):
+            kinds = {error["type"] for error in exc.errors()}
+            if REFUSED in kinds or (self.when is not None and not kinds & set(self.when)):
                 raise
-            raise refused(self.message) from None
+            raise refused(self.message, self.named) from None
 
 
 def _no_default(schema: dict[str, Any]) -> None:
@@ -275,16 +290,6 @@ AnyQuestion = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(dis
 QUESTION_TYPES = typing.get_args(QuestionTypeName)
 
 
-def documented_as(kind: Any) -> BeforeValidator:
-    """Annotates a field that validates as declared (loosely: `parse_request` checks the rest with its own
-    messages) and is described in the JSON Schema as `kind`, the shape the checks accept."""
-    return BeforeValidator(_unchanged, json_schema_input_type=kind)
-
-
-def _unchanged(value: Any) -> Any:
-    return value
-
-
 class MediaObject(BaseModel):
     """The object form of an image, video or frame that some clients send instead of a plain string: exactly one
     of data, base64, data_base64 or part; the media type from media_type, content_type or format."""
@@ -303,8 +308,45 @@ class MediaObject(BaseModel):
     format: StrictStr | None = Field(default=None, description="e.g. png, jpeg, mp4 (informative)")
 
 
-Media = Annotated[StrictStr, Field(description="Base64 data or a data: URL")] | MediaObject
+# Tags of the media unions (pydantic puts them into error locations; `_body_path` drops them).
+_STRING, _OBJECT, _FILE, _FRAMES = "media:string", "media:object", "video:file", "video:frames"
+MEDIA_SHAPE = "must be a base64 string, a data: URL or an object with data_base64"
+
+
+def _media_form(value: Any) -> str | None:
+    return _STRING if isinstance(value, str) else _OBJECT if isinstance(value, dict) else None
+
+
+def _video_form(value: Any) -> str:
+    return _FRAMES if isinstance(value, list) else _FILE
+
+
+# What pydantic says when a value is none of a tagged union's forms; told in our words instead (see `Shape`).
+NO_FORM = ("union_tag_not_found", "union_tag_invalid")
+
+
+Media = Annotated[
+    Annotated[StrictStr, Tag(_STRING), Field(description="Base64 data or a data: URL")]
+    | Annotated[MediaObject, Tag(_OBJECT)],
+    Discriminator(_media_form),
+    Shape(MEDIA_SHAPE, named=True, when=NO_FORM),
+]
 Frames = Annotated[list[Media], Field(description="Frames taken as already sampled", min_length=1)]
+Video = Annotated[Annotated[Media, Tag(_FILE)] | Annotated[Frames, Tag(_FRAMES)], Discriminator(_video_form)]
+IMAGES = Bound(
+    (None, "maxItems"),
+    0,
+    "max_images",
+    too_many="too many images: {count} (at most {at_most} per request, assets included)",
+    off="images are switched off on this server (--limit-images 0)",
+)
+VIDEOS = Bound(
+    (None, "maxItems"),
+    0,
+    "max_videos",
+    too_many="too many videos: {count} (at most {at_most} per request)",
+    off="videos are switched off on this server (--limit-videos 0)",
+)
 
 
 class SystemOneRequest(BaseModel):
@@ -317,18 +359,16 @@ class SystemOneRequest(BaseModel):
         default=None, description="Echoed in the response; the served name when absent", json_schema_extra=_no_default
     )
     state: JsonValue = Field(description="Any JSON; rendered as text, cut from its end when too long")
-    images: Annotated[list[JsonValue] | None, documented_as(list[Media] | None)] = Field(
+    images: Annotated[list[Media], IMAGES] | None = Field(
         default=None,
         description="Images (PNG, JPEG, WebP, GIF): base64 strings, data URLs or objects {data_base64, format}",
-        json_schema_extra=limited(maxItems="max_images"),
     )
-    videos: Annotated[list[JsonValue] | None, documented_as(list[Media | Frames] | None)] = Field(
+    videos: Annotated[list[Video], VIDEOS] | None = Field(
         default=None,
         description="Videos: each a video file (MP4, WebM, MOV; base64 / data URL / object), sampled as the "
         "checkpoint's video processor samples it, or a list of frames",
-        json_schema_extra=limited(maxItems="max_videos"),
     )
-    assets: Annotated[dict[str, JsonValue] | None, documented_as(dict[str, Media] | None)] = Field(
+    assets: dict[str, Media] | None = Field(
         default=None, description="Placeholder -> image; referenced by the placeholder inside strings"
     )
     questions: Annotated[
@@ -400,8 +440,8 @@ def parse_request(
     images = [_media(value, f"images[{i}]", parts, "image") for i, value in enumerate(wire.images or ())]
     images += _assets(wire.assets or {}, wire.state, questions, parts)
     videos = [_video(value, f"videos[{i}]", parts) for i, value in enumerate(wire.videos or ())]
-    _check_media_count(len(images), limits.max_images, "images", "--limit-images")
-    _check_media_count(len(videos), limits.max_videos, "videos", "--limit-videos")
+    if assets_too := IMAGES.problem(len(images), limits):  # `images` alone was checked; with its assets now
+        raise RequestError(assets_too, "images")
     return ClefRequest(
         model=wire.model,
         state=wire.state,
@@ -448,28 +488,12 @@ def _refuse_box_questions(questions: object) -> None:
             )
 
 
-def _check_media_count(count: int, maximum: int, field: str, flag: str) -> None:
-    if count and maximum == 0:
-        raise RequestError(f"{field} are switched off on this server ({flag} 0)", field)
-    if count > maximum:
-        scope = "per request, assets included" if field == "images" else "per request"
-        raise RequestError(f"too many {field}: {count} (at most {maximum} {scope})", field)
-
-
-def _media(value: object, where: str, parts: Mapping[str, bytes], kind: Literal["image", "video"]) -> MediaData:
-    """One image, video file or frame (an image) in any of its wire forms."""
-    if isinstance(value, str):
-        return MediaData(where, value)
-    if not isinstance(value, dict):
-        raise RequestError(f"{where} must be a base64 string, a data: URL or an object with data_base64", where)
-    try:
-        item = MediaObject.model_validate(value)
-    except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        inner = ".".join(str(part) for part in error["loc"])
-        raise RequestError(
-            f"{where}.{inner or 'value'}: {error['msg']}", f"{where}.{inner}" if inner else where
-        ) from None
+def _media(
+    item: str | MediaObject, where: str, parts: Mapping[str, bytes], kind: Literal["image", "video"]
+) -> MediaData:
+    """One image, video file or frame (an image), validated in either wire form."""
+    if isinstance(item, str):
+        return MediaData(where, item)
     if item.type is not None and item.type != kind:
         raise RequestError(f'{where} has type "{item.type}" where {kind} data belongs', f"{where}.type")
     sources = {
@@ -493,14 +517,14 @@ def _media(value: object, where: str, parts: Mapping[str, bytes], kind: Literal[
     return MediaData(where, parts[source], media_type)
 
 
-def _video(value: object, where: str, parts: Mapping[str, bytes]) -> VideoData:
+def _video(value: str | MediaObject | list[str | MediaObject], where: str, parts: Mapping[str, bytes]) -> VideoData:
     if isinstance(value, list):
         return tuple(_media(frame, f"{where}[{j}]", parts, "image") for j, frame in enumerate(value))
     return _media(value, where, parts, "video")
 
 
 def _assets(
-    assets: dict[str, Any], state: Any, questions: tuple[Question, ...], parts: Mapping[str, bytes]
+    assets: dict[str, str | MediaObject], state: Any, questions: tuple[Question, ...], parts: Mapping[str, bytes]
 ) -> list[MediaData]:
     """Assets as images, in the order their placeholders first appear in the prompt's text; the release has a
     single place for media (before the state), so the placeholders themselves stay in the text as written.
@@ -549,42 +573,52 @@ def _from_validation_error(exc: ValidationError) -> RequestError:
     loc = _body_path(error)
     kind, message = error["type"], error["msg"]
     if loc[:1] == ["questions"] and len(loc) >= 2:
-        qid = loc[1]
+        qid = str(loc[1])
         if len(loc) == 2 and kind in ("model_attributes_type", "dict_type", "model_type"):
-            return RequestError(f'question "{qid}" must be an object with a type', ".".join(loc))
+            return RequestError(f'question "{qid}" must be an object with a type', _joined(loc))
         if kind in ("union_tag_not_found", "union_tag_invalid"):
-            loc, kind = [*loc[:2], "type"], "missing" if kind == "union_tag_not_found" else kind
+            loc = [*loc[:2], "type"]
             if kind == "union_tag_invalid":
                 message = f"must be one of {', '.join(QUESTION_TYPES)}, not {str(error['input'].get('type'))[:40]!r}"
-        field = ".".join(loc[:3])
+            else:
+                kind = "missing"
+        field = _joined(loc[:3])
         if loc[2:3] == ["[key]"]:  # the question id itself
-            return RequestError(message, ".".join(loc[:2]))
-        inner = ".".join(loc[2:3]) or "question"
+            return RequestError(message, _joined(loc[:2]))
+        inner = _joined(loc[2:3]) or "question"
         if kind == REFUSED:
             return RequestError(f'question "{qid}": {message}', field)
         if kind == "missing":
             return RequestError(f'question "{qid}": {inner} is required', field)
         return RequestError(f'question "{qid}": {inner}: {message}', field)
-    field = ".".join(loc)
+    field = _joined(loc)
     if kind == REFUSED:
-        return RequestError(message, field)
+        return RequestError(f"{field} {message}" if error.get("ctx", {}).get("named") else message, field)
     if kind == "missing":
         return RequestError(f"{field} is required", field)
     return RequestError(f"{field}: {message}", field)
 
 
-def _body_path(error: Any) -> list[str]:
+def _body_path(error: Any) -> list[str | int]:
     """The error's location as a path into the body: pydantic also names union members, validators and the
-    question type's tag there."""
-    loc = [str(part) for part in error["loc"] if not _is_schema_step(part)]
+    tags of tagged unions there."""
+    loc = [part for part in error["loc"] if not _is_schema_step(part)]
     if loc[:1] == ["questions"] and len(loc) >= 3 and loc[2] in QUESTION_TYPES:
         del loc[2]
     return loc
 
 
+def _joined(loc: list[str | int]) -> str:
+    """`images[0].type`, `questions.q1.criteria`: indices in brackets, names after dots."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    return text
+
+
 def _is_schema_step(part: str | int) -> bool:
-    text = str(part)
-    return text.startswith(("function-", "list[", "dict[", "nullable[", "json-or-python[")) or text in (
-        "NoulCriteria",
-        "str",
-    )
+    if isinstance(part, int):
+        return False
+    return part.startswith(
+        ("function-", "list[", "dict[", "nullable[", "json-or-python[", "media:", "video:")
+    ) or part in ("NoulCriteria", "str")
