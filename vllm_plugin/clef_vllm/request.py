@@ -29,7 +29,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from clef_vllm.errors import RequestError, SchemaTextTooLongError
-from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MediaData, MediaLimits
+from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MIN_VIDEO_FRAMES, MediaData, MediaLimits
 from clef_vllm.schema import QuestionType, QuestionTypeName
 
 NOUL_DEFAULTS = {
@@ -117,28 +117,29 @@ class Bound:
     the check validation applies. `at_least` and `at_most` are `Limits` field names or numbers; the messages are
     formatted with `count`, `value` (cut to 40 characters), `at_least` and `at_most`."""
 
-    keywords: tuple[str | None, str]  # the JSON Schema keywords of the lower (None: none) and the upper bound
+    keywords: tuple[str | None, str | None]  # the JSON Schema keywords of the lower and the upper bound, if any
     at_least: str | int
-    at_most: str | int
-    too_many: str
+    at_most: str | int | None
+    too_many: str = ""
     too_few: str = ""
     empty: str | None = None  # for a count of 0, when it needs other words than `too_few`
     off: str | None = None  # for any count when the upper bound is 0 (the server switched the thing off)
+    named: bool = False  # the message follows the field's name ("videos[0] has ...")
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
         return core_schema.with_info_after_validator_function(self._check, handler(source))
 
     def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
         document = handler(schema)
-        low, high = self.keywords
-        document[LIMITS_KEYWORD] = {**({low: self.at_least} if low else {}), high: self.at_most}
+        bounds = zip(self.keywords, (self.at_least, self.at_most), strict=True)
+        document[LIMITS_KEYWORD] = {keyword: bound for keyword, bound in bounds if keyword is not None}
         return document
 
     def problem(self, count: int, limits: Limits, value: Any = None) -> str | None:
         """Why `count` is refused under `limits`, or None."""
         low, high = (getattr(limits, b) if isinstance(b, str) else b for b in (self.at_least, self.at_most))
         template = None
-        if count > high:
+        if high is not None and count > high:
             template = self.off if high == 0 and self.off else self.too_many
         elif count < low:
             template = self.empty if count == 0 and self.empty else self.too_few
@@ -150,7 +151,7 @@ class Bound:
     def _check(self, value: Any, info: ValidationInfo) -> Any:
         problem = self.problem(len(value), _limits_of(info), value)
         if problem is not None:
-            raise refused(problem)
+            raise refused(problem, self.named)
         return value
 
 
@@ -331,7 +332,17 @@ Media = Annotated[
     Discriminator(_media_form),
     Shape(MEDIA_SHAPE, named=True, when=NO_FORM),
 ]
-Frames = Annotated[list[Media], Field(description="Frames taken as already sampled", min_length=1)]
+Frames = Annotated[
+    list[Media],
+    Field(description="Frames taken as already sampled"),
+    Bound(
+        ("minItems", None),
+        MIN_VIDEO_FRAMES,
+        None,
+        too_few="has {count} frames; a video needs at least {at_least}",
+        named=True,
+    ),
+]
 Video = Annotated[Annotated[Media, Tag(_FILE)] | Annotated[Frames, Tag(_FRAMES)], Discriminator(_video_form)]
 IMAGES = Bound(
     (None, "maxItems"),
