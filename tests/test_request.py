@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 
 import pytest
 
@@ -521,3 +522,24 @@ def test_mixed_questions_in_one_response():
         "c": {"type": "choice", "choice": "n", "confidence": 0.7, "probabilities": {"y": 0.3, "n": 0.7}},
     }
     assert response["usage"] == {"input_tokens": 5, "output_tokens": 0}
+
+
+def test_the_question_models_the_document_shows_are_the_ones_that_validate():
+    """Each limit is checked where the model declares it, under the limits given as the validation context."""
+    from pydantic import ValidationError
+
+    from clef_vllm.request import ChoiceQuestion, NoulQuestion, ScoreQuestion
+
+    limits = Limits(max_choice_options=4, max_score_levels=5)
+    cases = [
+        (ChoiceQuestion, {"criteria": {f"o{i}": None for i in range(5)}}, "too many options: 5 (at most 4)"),
+        (ChoiceQuestion, {"criteria": ["a", "b", "a"]}, 'option "a" is listed twice'),
+        (ChoiceQuestion, {"criteria": ["x" * 101]}, "longer than 100 characters"),
+        (ScoreQuestion, {"criteria": [f"level {i}" for i in range(6)]}, "too many levels: 6 (at most 5)"),
+        (NoulQuestion, {"criteria": ["yes", "no"]}, "noul criteria must be an object"),
+    ]
+    for model, fields, message in cases:
+        question = {"type": model.model_fields["type"].annotation.__args__[0], **fields}
+        with pytest.raises(ValidationError, match=re.escape(message)):
+            model.model_validate(question, context={"limits": limits})
+    assert ChoiceQuestion.model_validate({"type": "choice", "criteria": ["a", "b"]}, context={"limits": limits})

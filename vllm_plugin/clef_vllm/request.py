@@ -1,7 +1,10 @@
 """The SystemOne request: wire schema, the release's checks and the limits a server needs.
 
-`parse_request` turns a JSON body into a `ClefRequest` whose questions already hold their options in the
-order the model sees them, so encoding and answer mapping never re-derive that order.
+`parse_request` validates a body through the models below, the ones /openapi.json shows, and turns it into a
+`ClefRequest` whose questions already hold their options in the order the model sees them, so encoding and
+answer mapping never re-derive that order. Each limit is a `Bound` in a model's annotation, written once: it
+puts its JSON Schema keywords (naming the `Limits` field) into the document and checks the count against the
+server's `Limits`, handed to validation as its context, with a message naming the field.
 """
 
 from __future__ import annotations
@@ -82,14 +85,8 @@ SCHEMA_TEXT = (
 )
 
 
-def limited(**keywords: str | int) -> dict[str, Any]:
-    """`json_schema_extra` naming bounds by their `Limits` field (the server's value, written in by
-    `resolve_limits`) or as a number."""
-    return {LIMITS_KEYWORD: keywords}
-
-
 def resolve_limits(schema: Any, limits: Limits) -> Any:
-    """`schema` with every `limited` bound replaced by its value under `limits`."""
+    """`schema` with every `Bound` keyword replaced by its value under `limits`."""
     if isinstance(schema, list):
         return [resolve_limits(item, limits) for item in schema]
     if not isinstance(schema, dict):
