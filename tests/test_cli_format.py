@@ -439,12 +439,12 @@ REFUSALS = [
     pytest.param(["make-tiny"], r"Missing argument 'DIR'", id="missing-argument"),
     pytest.param(
         ["make-tiny", "{file}", "--overwrite"],
-        r"file is not a folder; --overwrite replaces only a checkpoint",
+        r"file is not a folder; --overwrite replaces only a folder make-tiny wrote",
         id="make-tiny-overwrite-file",
     ),
     pytest.param(
         ["make-tiny", "{other}", "--overwrite"],
-        r"other is not a checkpoint folder \(it has no config\.json\)",
+        r"other is not a folder make-tiny wrote \(its README\.md has no make-tiny mark\)",
         id="make-tiny-overwrite-other",
     ),
     pytest.param(

@@ -400,3 +400,22 @@ def test_read_eval_data_validates_the_built_data(data_dir: Path) -> None:
     assert len(data.records) == 7 * PER_TASK and data.tasks == sorted(data.tasks)
     multi = next(r for r in data.records if r.task == "anli_r1_multi")
     assert len(multi.gold_index) == 3
+
+
+@pytest.mark.parametrize("where", ["file", "proc"])
+def test_an_out_that_cannot_be_a_folder_stops_before_any_model(
+    data_dir: Path, tiny_dir: Path, tmp_path: Path, where: str
+) -> None:
+    out = tmp_path / "results.txt" if where == "file" else Path("/proc/clef-results")
+    if where == "file":
+        out.write_text("keep me\n")
+    result = cli(
+        "eval", "--reference", str(tiny_dir), "--candidate", str(tiny_dir), "--data", str(data_dir),
+        "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    expected = f"{out} is not a folder" if where == "file" else f"cannot write {out}: cannot create a folder in /proc"
+    assert result.output.startswith(f"error: {expected}"), result.output
+    assert "records scored" not in result.output
+    if where == "file":
+        assert out.read_text() == "keep me\n"

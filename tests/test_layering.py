@@ -165,3 +165,13 @@ def test_no_library_module_imports_the_tests(graph: list[Import]) -> None:
     test_modules = {path.stem for path in (ROOT / "tests").glob("*.py")} | {"tests", "conftest"}
     wrong = [str(i) for i in graph if i.imported.split(".")[0] in test_modules]
     assert wrong == [], "\n".join(wrong)
+
+
+def test_only_the_server_reads_the_server_package(graph: list[Import]) -> None:
+    """HTTP is the top of clef_vllm: the format, the tools and the strict JSON they share sit below it."""
+    wrong = [
+        str(i)
+        for i in graph
+        if is_under(i.imported, "clef_vllm.server") and not is_under(i.importer, "clef_vllm.server")
+    ]
+    assert wrong == [], "\n".join(wrong)

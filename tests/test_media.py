@@ -257,10 +257,9 @@ def _bad_media_cases():
 
 @pytest.mark.parametrize(("media", "limits", "where", "needle"), _bad_media_cases())
 def test_bad_media_is_a_request_error_naming_the_item(tokenizer, processor, media, limits, where, needle):
-    request = parse_request(body(**media))
     kwargs = {"media_limits": limits} if limits else {}
-    with pytest.raises(RequestError) as info:
-        encode_request(request, tokenizer, processor=processor, **kwargs)
+    with pytest.raises(RequestError) as info:  # a list of too few frames is refused by validation, before decoding
+        encode_request(parse_request(body(**media)), tokenizer, processor=processor, **kwargs)
     assert info.value.field == where
     assert info.value.message.startswith(where)
     assert needle in info.value.message

@@ -53,7 +53,7 @@ def test_the_document_states_the_limits_requests_are_validated_against(spec):
 
 
 def test_json_values_state_the_strict_parser_limits(spec):
-    from clef_vllm.server.strict_json import MAX_DEPTH, MAX_INTEGER_DIGITS
+    from clef_vllm.strict_json import MAX_DEPTH, MAX_INTEGER_DIGITS
 
     text = spec["components"]["schemas"]["JsonValue"]["description"]
     assert f"{MAX_DEPTH} levels" in text and f"{MAX_INTEGER_DIGITS} digits" in text

@@ -39,7 +39,7 @@ from clef_quant.publish.folder import tree_files
 from clef_quant.publish.provenance import resolve_base_model, resolve_license
 from clef_quant.publish.provenance import source_front_matter as read_source_front_matter
 from clef_quant.quantize.inspect import inspect_checkpoint
-from clef_quant.release_folder.manifest import MANIFEST_FILE, CardEntry, Manifest, read_manifest
+from clef_quant.release_folder.manifest import MANIFEST_FILE, CardEntry, Manifest, is_shipped_recipe, read_manifest
 from clef_quant.release_folder.writer import OWNER_FILE, Writer, boot_id, process_start_ticks
 from clef_vllm.request import parse_request
 from tests.hub_server import AGENT_REGISTRY, LocalHub
@@ -579,7 +579,7 @@ def test_a_manifest_reads_back_as_the_file_it_was(tmp_path: Path) -> None:
     (tmp_path / MANIFEST_FILE).write_text(json.dumps(old, indent=2, ensure_ascii=False) + "\n")
     before = (tmp_path / MANIFEST_FILE).read_bytes()
     manifest = manifest_of(tmp_path)
-    assert manifest.recipe.is_shipped() and manifest.run.seconds["total"] == 3 and manifest.card is None
+    assert is_shipped_recipe(manifest.recipe) and manifest.run.seconds["total"] == 3 and manifest.card is None
     write_manifest(tmp_path, manifest)
     assert (tmp_path / MANIFEST_FILE).read_bytes() == before
     card = {"repo_id": "acme/model-FP8_DYNAMIC", "files": []}

@@ -157,41 +157,79 @@ def test_quantize_follows_no_symlink_out_of_the_source_and_carries_no_code_as_a_
     assert inspected.exit_code == 0, inspected.output  # the output passes its own inspect
 
 
-def plant_code_link(folder: Path, elsewhere: Path) -> str:
+@pytest.mark.parametrize("inside", [False, True], ids=["outside", "inside"])
+def test_quantize_refuses_a_head_folder_behind_a_symlink_in_one_line(
+    tiny_dir: Path, tmp_path: Path, inside: bool
+) -> None:
+    source = tmp_path / "source"
+    shutil.copytree(tiny_dir, source)
+    heads = source / "heads" if inside else tmp_path / "heads"
+    heads.mkdir()
+    for name in ("joint_head.safetensors", "joint_head_config.json"):
+        shutil.move(source / name, heads / name)
+    (source / "clef_head").symlink_to(heads, target_is_directory=True)
+    out = tmp_path / "out"
+
+    result = run_cli("quantize", source, "--scheme", "fp8-dynamic", "--out", out)
+
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert result.stderr.splitlines() == [
+        f"error: {source / 'clef_head'} is a symlink to {heads}; quantize follows no symlink to a folder: copy the "
+        f"head's files into {source} (at its root)"
+    ]
+    assert not out.exists()
+
+
+def plant_code_link(folder: Path, elsewhere: Path) -> tuple[str, str]:
     (folder / "evil.py").symlink_to(elsewhere / "x.py")
-    return "evil.py"
+    return "evil.py", f"a symlink (to {elsewhere / 'x.py'})"
 
 
-def plant_folder_link(folder: Path, elsewhere: Path) -> str:
+def plant_folder_link(folder: Path, elsewhere: Path) -> tuple[str, str]:
     (folder / "lib").symlink_to(elsewhere, target_is_directory=True)
-    return "lib"
+    return "lib", f"a symlink (to {elsewhere})"
 
 
-def swap_listed_file_for_a_link(folder: Path, elsewhere: Path) -> str:
+def swap_listed_file_for_a_link(folder: Path, elsewhere: Path) -> tuple[str, str]:
     """The same bytes, behind a link: every hash would match, but what is read is not the release's file."""
     shutil.move(folder / "tokenizer.json", elsewhere / "tokenizer.json")
     (folder / "tokenizer.json").symlink_to(elsewhere / "tokenizer.json")
-    return "tokenizer.json"
+    return "tokenizer.json", f"a symlink (to {elsewhere / 'tokenizer.json'})"
 
 
-@pytest.mark.parametrize("plant", [plant_code_link, plant_folder_link, swap_listed_file_for_a_link])
-def test_inspect_and_upload_fail_on_any_symlink(quantized_dir, tmp_path: Path, elsewhere: Path, plant) -> None:
+def plant_code_pipe(folder: Path, elsewhere: Path) -> tuple[str, str]:
+    """A reader that opens it blocks, or reads whatever a writer at the other end sends."""
+    os.mkfifo(folder / "evil.py")
+    return "evil.py", "a named pipe (FIFO)"
+
+
+def plant_socket(folder: Path, elsewhere: Path) -> tuple[str, str]:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(folder / "s.py"))
+    sock.close()
+    return "s.py", "a socket"
+
+
+@pytest.mark.parametrize(
+    "plant", [plant_code_link, plant_folder_link, swap_listed_file_for_a_link, plant_code_pipe, plant_socket]
+)
+def test_inspect_and_upload_fail_on_anything_but_regular_files(
+    quantized_dir, tmp_path: Path, elsewhere: Path, plant
+) -> None:
     folder = tmp_path / "release"
     shutil.copytree(quantized_dir("fp8-dynamic"), folder)
-    link = plant(folder, elsewhere)
+    name, what = plant(folder, elsewhere)
 
     inspected = run_cli("inspect", folder, "--json")
     assert inspected.exit_code == 1, inspected.output
     report = json.loads(inspected.stdout)
-    found = [v for v in report["violations"] if v["subject"] == link]
-    assert [v["message"] for v in found] == [
-        f"a symlink (to {os.readlink(folder / link)}); a release holds regular files only"
-    ]
+    found = [v for v in report["violations"] if v["subject"] == name]
+    assert [v["message"] for v in found] == [f"{what}; a release holds regular files only"]
     assert {c["name"]: c["status"] for c in report["checks"]}["manifest hashes"] == "fail"
 
     uploaded = run_cli("upload", folder, "--repo-id", "someone/clef-tiny", "--dry-run")
     assert uploaded.exit_code == 2 and "Traceback" not in uploaded.output
-    assert f"refused: {link}: a symlink" in uploaded.stderr
+    assert f"refused: {name}: {what}" in uploaded.stderr
     assert "would commit" not in uploaded.stdout
 
 

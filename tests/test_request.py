@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 
 import pytest
 
@@ -136,7 +137,9 @@ BAD_REQUESTS = [
         body(images=[{"data_base64": "a", "data": "b"}]), ["images[0]", "exactly one"], "images[0]", id="two-sources"
     ),
     pytest.param(body(images=[{"format": "png"}]), ["images[0]", "exactly one"], "images[0]", id="no-source"),
-    pytest.param(body(images=[{"data_base64": "a", "colour": 1}]), ["images[0].colour"], "images[0]", id="unknown-key"),
+    pytest.param(
+        body(images=[{"data_base64": "a", "colour": 1}]), ["images[0].colour"], "images[0].colour", id="unknown-key"
+    ),
     pytest.param(body(images=[{"part": "p1"}]), ["images[0]", '"p1"'], "images[0]", id="missing-part"),
     pytest.param(
         body(images=[{"type": "video", "data": "a"}]), ["images[0]", '"video"'], "images[0].type", id="image-as-video"
@@ -144,7 +147,12 @@ BAD_REQUESTS = [
     pytest.param(
         body(videos=[{"type": "image", "data": "a"}]), ["videos[0]", '"image"'], "videos[0].type", id="video-as-image"
     ),
-    pytest.param(body(images=[{"type": "audio", "data": "a"}]), ["images[0].type"], "images[0]", id="unknown-type"),
+    pytest.param(
+        body(images=[{"type": "audio", "data": "a"}]), ["images[0].type"], "images[0].type", id="unknown-media-type"
+    ),
+    pytest.param(
+        body(assets={"<a>": {"type": "audio", "data": "a"}}), ["assets.<a>.type"], "assets.<a>.type", id="asset-type"
+    ),
     pytest.param(
         body(assets={"<logo>": {"format": "png"}}), ["assets.<logo>", "exactly one"], "assets.<logo>", id="asset-empty"
     ),
@@ -514,3 +522,24 @@ def test_mixed_questions_in_one_response():
         "c": {"type": "choice", "choice": "n", "confidence": 0.7, "probabilities": {"y": 0.3, "n": 0.7}},
     }
     assert response["usage"] == {"input_tokens": 5, "output_tokens": 0}
+
+
+def test_the_question_models_the_document_shows_are_the_ones_that_validate():
+    """Each limit is checked where the model declares it, under the limits given as the validation context."""
+    from pydantic import ValidationError
+
+    from clef_vllm.request import ChoiceQuestion, NoulQuestion, ScoreQuestion
+
+    limits = Limits(max_choice_options=4, max_score_levels=5)
+    cases = [
+        (ChoiceQuestion, {"criteria": {f"o{i}": None for i in range(5)}}, "too many options: 5 (at most 4)"),
+        (ChoiceQuestion, {"criteria": ["a", "b", "a"]}, 'option "a" is listed twice'),
+        (ChoiceQuestion, {"criteria": ["x" * 101]}, "longer than 100 characters"),
+        (ScoreQuestion, {"criteria": [f"level {i}" for i in range(6)]}, "too many levels: 6 (at most 5)"),
+        (NoulQuestion, {"criteria": ["yes", "no"]}, "noul criteria must be an object"),
+    ]
+    for model, fields, message in cases:
+        question = {"type": model.model_fields["type"].annotation.__args__[0], **fields}
+        with pytest.raises(ValidationError, match=re.escape(message)):
+            model.model_validate(question, context={"limits": limits})
+    assert ChoiceQuestion.model_validate({"type": "choice", "criteria": ["a", "b"]}, context={"limits": limits})

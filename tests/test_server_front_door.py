@@ -71,10 +71,11 @@ def assert_error(status: int, headers, body: bytes, expected: int, code: str, fi
     assert status == expected, body[:300]
     assert headers["content-type"] == "application/json"
     payload = json.loads(body)
-    assert set(payload) == {"error", "detail"}, payload
+    assert set(payload) == {"error", "detail", "code"}, payload
     error = payload["error"]
     assert set(error) == {"type", "code", "message", "field"}, error
     assert (error["code"], error["field"]) == (code, field)
+    assert payload["code"] == code  # top-level too, for clients that read only that
     assert payload["detail"] == error["message"] and error["message"]
     assert re.fullmatch(r"req_[0-9a-f]{32}", headers["x-request-id"])
     assert headers["x-typesafe-request-id"] == headers["x-request-id"]
@@ -153,6 +154,40 @@ def test_what_h11_refuses_is_answered_in_the_one_shape(server, raw, status, code
     assert server.healthy()
 
 
+def websocket_upgrade(path: str, *headers: str) -> bytes:
+    lines = [
+        f"GET {path} HTTP/1.1",
+        "Host: localhost",
+        "Connection: Upgrade, close",
+        "Upgrade: websocket",
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+        "Sec-WebSocket-Version: 13",
+        *headers,
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "status", "code"),
+    [
+        pytest.param("/v1/systemone", (f"Authorization: Bearer {API_KEY}",), 405, "method_not_allowed", id="route"),
+        pytest.param("/v1/models", (), 401, "invalid_api_key", id="keyed"),
+        pytest.param("/v1/stream", (f"Authorization: Bearer {API_KEY}",), 404, "not_found", id="no-route"),
+    ],
+)
+def test_a_websocket_upgrade_is_answered_as_plain_http_in_the_one_shape(server, path, headers, status, code):
+    answer_status, answer_headers, body = server.exchange(websocket_upgrade(path, *headers))
+    assert_error(answer_status, answer_headers, body, status, code)
+    assert "upgrade" not in answer_headers and "sec-websocket-accept" not in answer_headers
+
+
+def test_a_websocket_upgrade_of_health_gets_health(server):
+    status, headers, body = server.exchange(websocket_upgrade("/health"))
+    assert (status, json.loads(body)) == (200, {"status": "ok"})
+    assert re.fullmatch(r"req_[0-9a-f]{32}", headers["x-request-id"])
+    assert server.healthy()
+
+
 @pytest.mark.parametrize(
     ("method", "path"),
     [
@@ -210,6 +245,11 @@ def test_media_and_asset_objects_may_say_they_are_images(server):
 
     wrong = {**BODY, "images": [{"type": "video", "data_base64": encoded}]}
     assert_response_error(server.post(json.dumps(wrong).encode()), 400, "invalid_request", "images[0].type")
+    unknown = {**BODY, "assets": {"<photo>": {"type": "audio", "data_base64": encoded}}}
+    error = assert_response_error(
+        server.post(json.dumps(unknown).encode()), 400, "invalid_request", "assets.<photo>.type"
+    )
+    assert error["message"].startswith("assets.<photo>.type: ")
 
 
 def test_choice_criteria_may_list_option_names(server):
@@ -260,7 +300,7 @@ def test_openapi_lists_the_new_route_and_fields(server):
     choice_forms = schemas["ChoiceQuestion"]["properties"]["criteria"]["anyOf"]
     assert [form["type"] for form in choice_forms] == ["object", "array"]
     images, _ = schemas["SystemOneRequest"]["properties"]["images"]["anyOf"]
-    _, media_object = images["items"]["anyOf"]
+    _, media_object = images["items"]["oneOf"]  # a string or an object, never both
     media_properties = schemas[media_object["$ref"].rsplit("/", 1)[-1]]["properties"]
     assert media_properties["type"]["anyOf"][0]["enum"] == ["image", "video"]
 

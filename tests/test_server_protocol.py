@@ -48,9 +48,9 @@ def assert_error_shape(response: httpx.Response, status: int, code: str, field: 
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
     body = response.json()
-    assert set(body) == {"error", "detail"} and set(body["error"]) == {"type", "code", "message", "field"}, body
+    assert set(body) == {"error", "detail", "code"} and set(body["error"]) == {"type", "code", "message", "field"}
     assert body["detail"] == body["error"]["message"]
-    assert body["error"]["code"] == code
+    assert body["code"] == body["error"]["code"] == code
     assert body["error"]["field"] == field
     assert body["error"]["message"] and isinstance(body["error"]["type"], str)
     return body["error"]
@@ -94,6 +94,7 @@ def test_every_error_has_one_shape(server, method, path, body, headers, status, 
     assert response.headers["x-request-id"]
     if status == 401:
         assert response.headers["www-authenticate"] == "Bearer"
+        assert "Bearer KEY" not in response.text  # secret maskers garble a literal key placeholder
     if status == 405:
         assert response.headers["allow"] == "POST"
     assert httpx.get(f"{server.url}/health").status_code == 200

@@ -16,8 +16,8 @@ import pytest
 import zstandard
 from raw_json import NOUL, deep
 
+from clef_vllm import strict_json
 from clef_vllm.errors import RequestError
-from clef_vllm.server import strict_json
 from clef_vllm.server.body import TooLarge, decoder_for
 from clef_vllm.server.error_shape import ApiError
 from clef_vllm.server.model_info import model_info
@@ -146,11 +146,19 @@ def test_served_name_is_a_name_never_a_path(tmp_path):
     assert plain.name == "my-release"
     assert len(plain.release_date) == 10 and plain.description
     manifest = {
-        "scheme": "FP8_DYNAMIC",
+        "format": "clef-quant-manifest/1",
         "source": {"id": "/home/me/clef-flash", "local": True},
+        "scheme": "FP8_DYNAMIC",
+        "recipe": {},
+        "tools": {},
+        "calibration": {},
         "run": {"created": "2026-11-30T10:00:00Z"},
+        "files": {"config.json": {"sha256": "0" * 64, "size": 2}},
         "card": {"repo_id": "acme/clef-flash-FP8", "created": "2026-12-01T09:00:00Z"},
     }
+    # A manifest the typed model refuses says nothing: the folder's own name and dates stand.
+    (folder / "clef_quant.json").write_text(json.dumps({**manifest, "files": {"../x": {"sha256": "0", "size": 1}}}))
+    assert model_info(str(folder)) == plain
     (folder / "clef_quant.json").write_text(json.dumps(manifest))
     info = model_info(str(folder))
     assert (info.name, info.release_date) == ("acme/clef-flash-FP8", "2026-12-01")
@@ -191,10 +199,40 @@ def test_an_unexpected_error_is_a_json_500_without_internals(tmp_path, caplog):
             "field": None,
         },
         "detail": "internal error while scoring the request",
+        "code": "internal_error",
     }
     assert response.headers["x-request-id"] == "trace-me"
     logged = [r for r in caplog.records if "trace-me" in r.getMessage() and r.exc_info]
     assert logged, "the failure is logged with its request id"
+
+
+def test_every_route_requires_the_key_unless_listed_open(tiny_dir):
+    from fastapi.routing import APIRoute
+
+    from clef_vllm.server.app import OPEN_ROUTES, RequireKey, create_app
+    from clef_vllm.server.backend import EngineBackend, ServeConfig
+
+    app = create_app(EngineBackend(ServeConfig(model=str(tiny_dir), api_key="k")), start_engine=False)
+    routes = app.fastapi.routes
+    assert {route.path for route in routes} >= OPEN_ROUTES, "an open route that the app does not have"
+    keyed = []
+    for route in routes:
+        if route.path in OPEN_ROUTES:
+            continue
+        checks = [d.call for d in route.dependant.dependencies] if isinstance(route, APIRoute) else []
+        assert any(isinstance(check, RequireKey) for check in checks), f"{route.path} is neither keyed nor open"
+        keyed += [
+            (method, route.path.replace("{account_id}", "a").replace("{name:path}", "clef")) for method in route.methods
+        ]
+    assert keyed
+
+    async def ask(key: str | None) -> list[int]:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            return [(await client.request(method, path, headers=headers)).status_code for method, path in keyed]
+
+    assert asyncio.run(ask(None)) == [401] * len(keyed)
+    assert 401 not in asyncio.run(ask("k"))  # 503 here: the engine was never started
 
 
 # -- clef-systemone's settings: one field of ServeConfig each -------------------------------------------------
@@ -287,6 +325,9 @@ def test_a_config_built_in_python_keeps_the_flags_bounds():
         ServeConfig(model="m", tensor_parallel_size=0)
     with pytest.raises(SettingsError, match=r"^--idle-timeout must be >= 0, not -1$"):
         ServeConfig(model="m", idle_timeout=-1)
+    with pytest.raises(SettingsError, match=r"^--max-body-mb must be >= 0.000976562, not 0.0009$"):
+        ServeConfig(model="m", max_body_mb=0.0009)  # under 1 KiB: every request would be refused
+    assert ServeConfig(model="m", max_body_mb=1 / 1024).max_body_bytes == 1024
 
 
 # -- clef-systemone refuses bad flags as clef-quant does: one `error:` line, exit 2 ---------------------------
@@ -312,6 +353,9 @@ def refused_line(capsys, call) -> str:
         pytest.param(["--model", "m", "--max-connections", "0"], "--max-connections must be >= 1, not 0", id="conns"),
         pytest.param(["--model", "m", "--body-timeout", "0"], "--body-timeout must be > 0, not 0.0", id="timeout"),
         pytest.param(["--model", "m", "--limit-images", "-1"], "--limit-images must be >= 0, not -1", id="images"),
+        pytest.param(
+            ["--model", "m", "--max-body-mb", "1e-9"], "--max-body-mb must be >= 0.000976562, not 1e-09", id="body-cap"
+        ),
         pytest.param(["--model", "m", "--no-such-flag"], "unrecognized arguments: --no-such-flag", id="unknown"),
     ],
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -163,9 +164,29 @@ def test_existing_folder_is_refused(tiny_dir: Path) -> None:
 
 def test_overwrite_refuses_a_folder_that_is_not_a_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("keep me")
-    with pytest.raises(TinyBuildError, match="not a checkpoint folder"):
+    with pytest.raises(TinyBuildError, match="not a folder make-tiny wrote"):
         make_tiny(tmp_path, overwrite=True)
     assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("card", ["none", "release", "broken"])
+def test_overwrite_refuses_any_model_folder_make_tiny_did_not_write(tiny_dir: Path, tmp_path: Path, card: str) -> None:
+    """A real checkpoint or a quantized release has a config.json too; random weights must never replace it."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    if card == "none":
+        (model / "README.md").unlink()
+    elif card == "release":
+        (model / "README.md").write_text("---\nlicense: apache-2.0\ntags: [clef]\n---\n# A quantized release\n")
+        (model / "clef_quant.json").write_text("{}")
+    else:
+        (model / "README.md").write_text("---\n: [\n---\n")
+    before = digests(model)
+    with pytest.raises(
+        TinyBuildError, match=r"is not a folder make-tiny wrote \(its README\.md has no make-tiny mark\)"
+    ):
+        make_tiny(model, overwrite=True)
+    assert digests(model) == before
 
 
 def test_overwrite_replaces_a_checkpoint(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from clef_quant.evaluation.scoring import score_plugin, score_reference
 from clef_quant.evaluation.sides import Side, encode_all, plan_sides
 from clef_quant.evaluation.store import ProbabilityStore, StoredRecord
 from clef_quant.progress import NoProgress, Progress
+from clef_quant.release_folder.outputs import check_output_folder
 from clef_vllm.encoder import Encoder
 from clef_vllm.encoding import Encoding
 from clef_vllm.errors import CheckpointError
@@ -95,6 +96,7 @@ def run_eval(
     """
     from clef_quant.reference import ReferenceScorer
 
+    check_output_folder(Path(config.out))  # a file or /proc there fails now, not after the scoring
     progress = progress or NoProgress()
     data = data or read_eval_data(config.data)
     engines = engines or FreshEngines(max_model_len=config.max_model_len)

@@ -17,7 +17,7 @@ from clef_quant.evaluation.sources import FIXTURES, HUB
 from clef_quant.evaluation.tasks import load_tasks
 from clef_quant.publish.results import EvalResults
 from clef_quant.quantize.contents import CODE_REASON
-from clef_quant.release_folder.manifest import Manifest
+from clef_quant.release_folder.manifest import Manifest, is_shipped_recipe
 
 if TYPE_CHECKING:
     from clef_quant.publish.card import CardConfig
@@ -87,7 +87,7 @@ def _quantize(manifest: Manifest, source_id: str, revision: str | None, out: str
             words += ["--max-kl", variables["max_kl"]]
         else:
             words += ["--max-size-gb", variables.get("max_size_gb")]
-    elif recipe.is_shipped():  # a --scheme's own recipe
+    elif is_shipped_recipe(recipe):  # a --scheme's own recipe
         words += ["--scheme", manifest.scheme]
     else:
         words += ["--recipe", recipe_file]

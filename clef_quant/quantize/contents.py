@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.documents import parse_json
+from clef_quant.quantize.errors import QuantizeError
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_WEIGHTS
 
@@ -165,11 +166,25 @@ def _matches(name: str, patterns: Sequence[str], used: set[str] | None = None) -
     return found
 
 
+def head_prefix_of(source_dir: Path, head_dir: Path) -> str:
+    """Where the head's files are in the source ("" or "clef_head/"); a head folder reached through a symlink is
+    refused like any linked folder, since its files would not be carried."""
+    source_dir, head_dir = Path(source_dir), Path(head_dir)
+    if head_dir.absolute() == source_dir.absolute():
+        return ""
+    name = head_dir.relative_to(source_dir).as_posix()
+    if head_dir.is_symlink() or not head_dir.resolve().is_relative_to(source_dir.resolve()):
+        raise QuantizeError(
+            f"{head_dir} is a symlink to {os.readlink(head_dir)}; quantize follows no symlink to a folder: "
+            f"copy the head's files into {source_dir} (at its root)"
+        )
+    return f"{name}/"
+
+
 def plan_contents(source_dir: Path, head_dir: Path, include: Sequence[str] = ()) -> ReleaseContents:
     """Sort every file of `source_dir` into copied, left out or included on purpose."""
     source_dir = Path(source_dir)
-    at_root = head_dir.resolve() == source_dir.resolve()
-    head_prefix = "" if at_root else f"{head_dir.resolve().relative_to(source_dir.resolve()).as_posix()}/"
+    head_prefix = head_prefix_of(source_dir, head_dir)
     contents = ReleaseContents()
     contents.not_followed = [f"{name} -> {target}" for name, target in sorted(unfollowed_links(source_dir).items())]
     used: set[str] = set()

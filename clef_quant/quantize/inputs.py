@@ -11,6 +11,7 @@ from clef_quant.devices import device_problem
 from clef_quant.documents import read_document
 from clef_quant.quantize.auto import check_auto_options, load_auto_recipe
 from clef_quant.quantize.calibration import read_request_bodies
+from clef_quant.quantize.contents import head_prefix_of
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, check_recipe_choice, load_recipe
 from clef_quant.release import resolve_release
@@ -63,6 +64,7 @@ def check_inputs(config: QuantizeConfig) -> CheckedInputs:
     else:
         recipe = load_recipe(config.scheme, config.recipe_file, source_config)
     head_dir = find_head_dir(source_dir)
+    head_prefix_of(source_dir, head_dir)
     if config.calibration_file is not None:
         read_request_bodies(Path(config.calibration_file))  # a broken file fails now, not after loading
     if config.calibration_records is not None and config.calibration_records < 1:

@@ -21,7 +21,7 @@ from clef_quant.quantize.inspect_report import (
 from clef_quant.quantize.recipes import is_kept_bf16
 from clef_quant.quantize.schemes import BF16, fused_groups_of
 from clef_quant.quantize.stored_tensors import StoredTensor, read_tensor
-from clef_quant.release_folder.manifest import MANIFEST_FILE, Manifest, symlinks_in, verify_manifest
+from clef_quant.release_folder.manifest import MANIFEST_FILE, Manifest, not_regular, verify_manifest
 from clef_quant.release_folder.writer import OWNER_FILE, PARTIAL_SUFFIX
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_FILES, HEAD_SUBDIR, HEAD_WEIGHTS
 
@@ -107,11 +107,9 @@ def check_manifest(
 ) -> CheckResult:
     if manifest is None and error is None and is_source:
         return CheckResult(CHECK_MANIFEST, "skipped", "a source release has none")
-    links = symlinks_in(folder)
-    for name, target in links.items():
-        violations.append(
-            Violation(CHECK_MANIFEST, name, f"a symlink (to {target}); a release holds regular files only")
-        )
+    links = not_regular(folder)
+    for name, what in links.items():
+        violations.append(Violation(CHECK_MANIFEST, name, f"{what}; a release holds regular files only"))
     if error is not None:
         violations.append(Violation(CHECK_MANIFEST, MANIFEST_FILE, error.replace(f"{folder / MANIFEST_FILE} ", "")))
         return CheckResult(CHECK_MANIFEST, "fail", "unreadable manifest")
@@ -126,10 +124,10 @@ def check_manifest(
         )
         return CheckResult(CHECK_MANIFEST, "fail", f"no {MANIFEST_FILE}")
     if links:
-        return CheckResult(CHECK_MANIFEST, "fail", f"{len(links)} symlink(s)")
+        return CheckResult(CHECK_MANIFEST, "fail", f"{len(links)} symlink(s) or other non-regular file(s)")
     if not verify_hashes:
         return CheckResult(CHECK_MANIFEST, "skipped", "hash verification turned off")
-    # A listed file behind a symlink is reported above, not again as missing.
+    # A listed file behind a symlink (or replaced by a pipe) is reported above, not again as missing.
     problems = [p for p in verify_manifest(folder, manifest) if p.file not in links]
     for problem in problems:
         violations.append(Violation(CHECK_MANIFEST, problem.file, problem.problem))

@@ -5,32 +5,43 @@ itself. `verify_manifest` re-hashes the folder and names each file that is missi
 Hashing runs on a thread pool: hashlib releases the GIL on large buffers, so a 10 GB release hashes at disk
 speed rather than one core's.
 
-`Manifest` is the one shape of the file: `quantize` builds it, `card` extends it, and every reader takes its
-attributes. Reading validates it (pydantic): a file that does not parse, or whose `files` map is not
-`{relative path: {"sha256": 64 hex, "size": int}}`, is a `ManifestError` with one line saying where, never a
-traceback deep in a later step. Paths must stay inside the folder (no absolute paths, no `..`).
+`Manifest` (`clef_vllm.manifest`, where the server reads it too) is the one shape of the file: `quantize` builds
+it, `card` extends it, and every reader takes its attributes. Reading validates it (pydantic): a file that does
+not parse, or whose `files` map is not `{relative path: {"sha256": 64 hex, "size": int}}`, is a `ManifestError`
+with one line saying where, never a traceback deep in a later step. Paths must stay inside the folder (no
+absolute paths, no `..`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
+from typing import Any
 
 from clef_quant import shipped
 from clef_quant.documents import parse_json
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_quant.release_folder.versions import tool_versions
-from clef_vllm.errors import CheckpointError, first_validation_error
+from clef_vllm.manifest import CARD_SECTION as CARD_SECTION
+from clef_vllm.manifest import MANIFEST_FILE as MANIFEST_FILE
+from clef_vllm.manifest import MANIFEST_FORMAT as MANIFEST_FORMAT
+from clef_vllm.manifest import CalibrationEntry as CalibrationEntry
+from clef_vllm.manifest import CardEntry as CardEntry
+from clef_vllm.manifest import CardResultsEntry as CardResultsEntry
+from clef_vllm.manifest import FileEntry as FileEntry
+from clef_vllm.manifest import IncludedEntry as IncludedEntry
+from clef_vllm.manifest import Manifest as Manifest
+from clef_vllm.manifest import ManifestError as ManifestError
+from clef_vllm.manifest import RecipeEntry as RecipeEntry
+from clef_vllm.manifest import RunEntry as RunEntry
+from clef_vllm.manifest import SourceEntry as SourceEntry
+from clef_vllm.manifest import validated
 
-MANIFEST_FILE = "clef_quant.json"
-MANIFEST_FORMAT = "clef-quant-manifest/1"
 CHUNK = 16 * 1024 * 1024
 HASH_THREADS = min(8, os.cpu_count() or 1)
 
@@ -41,7 +52,6 @@ CARD_FILE = "README.md"
 ASSETS_DIR = "assets"
 COPIED_TREES = (shipped.VLLM_PLUGIN, shipped.SCRIPTS)
 CARD_OWNED_PATHS = (CARD_FILE, ASSETS_DIR, *COPIED_TREES)
-CARD_SECTION = "card"
 
 
 def is_card_owned(name: str) -> bool:
@@ -66,18 +76,31 @@ def folder_files(folder: Path) -> list[str]:
     return sorted(f for f in files if f != MANIFEST_FILE)
 
 
-def symlinks_in(folder: Path) -> dict[str, str]:
-    """`{relative path: target}` for every symlink under `folder`, to a file or a folder; linked folders are not
-    entered. A release holds regular files only: a link would make readers (and an upload) read whatever it
-    points at, which no manifest hash covers."""
+def not_regular(folder: Path) -> dict[str, str]:
+    """`{relative path: what it is}` for every entry under `folder` that is neither a regular file nor a folder: a
+    symlink (to a file or a folder; linked folders are not entered), a named pipe, a socket, a device. A release
+    holds regular files only: a link would make readers (and an upload) read whatever it points at, which no
+    manifest hash covers, and a pipe or a device blocks or streams whatever its other end writes."""
     folder = Path(folder)
-    links = {}
+    found = {}
     for parent, dirs, files in os.walk(folder):
         for name in (*dirs, *files):
             path = Path(parent) / name
             if path.is_symlink():
-                links[path.relative_to(folder).as_posix()] = os.readlink(path)
-    return dict(sorted(links.items()))
+                found[path.relative_to(folder).as_posix()] = f"a symlink (to {os.readlink(path)})"
+            elif not (path.is_dir() or stat.S_ISREG(path.lstat().st_mode)):
+                found[path.relative_to(folder).as_posix()] = _kind_of(path.lstat().st_mode)
+    return dict(sorted(found.items()))
+
+
+def _kind_of(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
 
 
 def hash_files(
@@ -109,10 +132,6 @@ def hash_files(
         pool.shutdown(wait=True)
 
 
-class ManifestError(CheckpointError):
-    """A manifest that does not parse or does not validate."""
-
-
 def build_manifest(
     folder: Path,
     *,
@@ -141,168 +160,16 @@ def build_manifest(
         "included": list(included or []),
         "files": hash_files(folder, [f for f in folder_files(folder) if f not in skipped], on_hashed, hashed),
     }
-    return _validated(data, f"refusing to write an invalid {MANIFEST_FILE}")
+    return validated(data, f"refusing to write an invalid {MANIFEST_FILE}")
 
 
 def write_manifest(folder: Path, manifest: Manifest | Mapping[str, Any]) -> Path:
     """Validate `manifest` and write it atomically, mode 0644; a manifest that would not read back is never written."""
     if not isinstance(manifest, Manifest):
-        manifest = _validated(manifest, f"refusing to write an invalid {MANIFEST_FILE}")
+        manifest = validated(manifest, f"refusing to write an invalid {MANIFEST_FILE}")
     path = Path(folder) / MANIFEST_FILE
     write_json_atomic(path, manifest.to_json())
     return path
-
-
-# Every section keeps what it does not name (`extra="allow"`) and writes back only the keys it was given
-# (`to_json`), so a manifest read and written again is the file it was, whichever clef-quant wrote it.
-_SECTION = ConfigDict(extra="allow")
-
-
-class FileEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    sha256: StrictStr = Field(pattern=r"^[0-9a-f]{64}$")
-    size: StrictInt = Field(ge=0)
-
-
-class IncludedEntry(BaseModel):
-    """A file (or FILE:KEY) that may run code and is in the release on purpose."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: StrictStr
-    why: StrictStr
-
-
-class SourceEntry(BaseModel):
-    """The checkpoint quantized: a Hub id at a revision, or a local folder."""
-
-    model_config = _SECTION
-
-    id: StrictStr = ""
-    revision: StrictStr | None = None
-    local: bool = False
-
-
-class RecipeEntry(BaseModel):
-    """The recipe as llm-compressor ran it: where it came from, its filled text and the values filled in."""
-
-    model_config = _SECTION
-
-    file: StrictStr = ""
-    text: StrictStr = ""
-    variables: dict[str, Any] = {}
-    # True for the recipe a `--scheme` ships with clef-quant, False for a `--recipe` file or an auto mix (whose
-    # `file` is the scan it came from). None in manifests written before it was recorded: see `is_shipped`.
-    shipped: bool | None = None
-
-    def is_shipped(self) -> bool:
-        if self.shipped is not None:
-            return self.shipped
-        # Older manifests recorded only the path: a shipped recipe's resolves into clef-quant's recipes/ folder.
-        return shipped.display(Path(self.file)).startswith(f"{shipped.RECIPES}/")
-
-
-class CalibrationEntry(BaseModel):
-    """What calibration saw (`quantize.calibration.CalibrationSummary`); `source` None when no data was used."""
-
-    model_config = _SECTION
-
-    source: StrictStr | None = None
-    sha256: StrictStr | None = None
-    records: int = 0
-    tokens: int = 0
-    max_seq_len: int | None = None
-    requested: int | None = None
-    available: int = 0
-    truncated: int = 0
-    skipped: dict[str, int] = {}
-    seed: int | None = None
-
-
-class RunEntry(BaseModel):
-    """Where and how long `quantize` ran."""
-
-    model_config = _SECTION
-
-    device: StrictStr | None = None
-    path: StrictStr | None = None  # "streaming" or "oneshot"
-    created: StrictStr | None = None
-    seconds: dict[str, int | float] = {}
-    peak_host_bytes: int | None = None
-    peak_gpu_bytes: int | None = None
-
-
-class CardResultsEntry(BaseModel):
-    model_config = _SECTION
-
-    folder: StrictStr | None = None
-    sha256: StrictStr | None = None
-
-
-class CardEntry(BaseModel):
-    """What `card` recorded: the files it added (which it owns and replaces) and what the card was made from."""
-
-    model_config = _SECTION
-
-    files: list[StrictStr] = []
-    created: StrictStr | None = None
-    clef_quant: StrictStr | None = None
-    repo_id: StrictStr | None = None
-    base_model: StrictStr | None = None
-    license: StrictStr | None = None
-    results: CardResultsEntry | None = None
-    throughput: StrictStr | None = None
-
-
-def _safe_relative(name: str) -> str:
-    parts = name.split("/")
-    if not name or name.startswith("/") or "\\" in name or any(part in ("", ".", "..") for part in parts):
-        raise ValueError(f"{name!r} is not a path inside the folder")
-    return name
-
-
-class Manifest(BaseModel):
-    """`clef_quant.json`, typed: what `quantize` writes and every reader uses; sections other tools add are kept."""
-
-    model_config = _SECTION
-
-    format: Literal["clef-quant-manifest/1"]
-    source: SourceEntry
-    scheme: StrictStr
-    recipe: RecipeEntry
-    tools: dict[str, StrictStr | None]
-    calibration: CalibrationEntry
-    run: RunEntry
-    included: list[IncludedEntry] = []
-    files: dict[str, FileEntry]
-    card: CardEntry | None = None
-
-    @field_validator("files")
-    @classmethod
-    def _paths_inside(cls, files: dict[str, FileEntry]) -> dict[str, FileEntry]:
-        for name in files:
-            _safe_relative(name)
-            if name == MANIFEST_FILE:
-                raise ValueError(f"lists {MANIFEST_FILE} itself")
-        return files
-
-    def to_json(self) -> dict[str, Any]:
-        """The manifest as written: the keys it was made or read with, in the order `quantize` writes them."""
-        return self.model_dump(mode="json", exclude_unset=True)
-
-    def with_card(self, files: Mapping[str, FileEntry | Mapping[str, Any]], card: Mapping[str, Any]) -> Manifest:
-        """This manifest with `card`'s section and the file list it leaves behind."""
-        entries = {name: e.model_dump() if isinstance(e, FileEntry) else dict(e) for name, e in files.items()}
-        data = {**self.to_json(), "files": dict(sorted(entries.items())), CARD_SECTION: dict(card)}
-        return _validated(data, f"refusing to write an invalid {MANIFEST_FILE}")
-
-
-def _validated(data: Mapping[str, Any], prefix: str) -> Manifest:
-    try:
-        return Manifest.model_validate(data)
-    except ValidationError as exc:
-        raise ManifestError(f"{prefix}: {first_validation_error(exc)}") from None
 
 
 def parse_manifest(text: str, where: str = MANIFEST_FILE) -> Manifest:
@@ -310,7 +177,7 @@ def parse_manifest(text: str, where: str = MANIFEST_FILE) -> Manifest:
     data = parse_json(text, where=where, error=ManifestError)
     if not isinstance(data, dict):
         raise ManifestError(f"{where} is not a manifest: a JSON {type(data).__name__}, not an object")
-    return _validated(data, f"{where} is not a valid manifest")
+    return validated(data, f"{where} is not a valid manifest")
 
 
 def read_manifest(folder: Path) -> Manifest | None:
@@ -323,6 +190,14 @@ def read_manifest(folder: Path) -> Manifest | None:
     except (OSError, UnicodeDecodeError) as exc:
         raise ManifestError(f"cannot read {path}: {exc}") from None
     return parse_manifest(text, str(path))
+
+
+def is_shipped_recipe(recipe: RecipeEntry) -> bool:
+    """True for the recipe a `--scheme` ships with clef-quant."""
+    if recipe.shipped is not None:
+        return recipe.shipped
+    # Older manifests recorded only the path: a shipped recipe's resolves into clef-quant's recipes/ folder.
+    return shipped.display(Path(recipe.file)).startswith(f"{shipped.RECIPES}/")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from clef_quant.families import MAKE_TINY_MARK
 
 CARD_FILE = "README.md"
 TEMPLATE = "tiny.md.j2"
-# The front matter key of the mark: {"size", "seed", "model"} of the make-tiny run (model: a clef_quant.families key).
+# The front matter key of the mark: {"size", "seed", "model"} of the make-tiny run (model: a clef_quant.families
+# key). `--overwrite` replaces only a folder whose card carries it (release_folder/outputs.py).
 MARK = MAKE_TINY_MARK
 LICENSE = "apache-2.0"  # clef-quant's own license: the weights are drawn by its code
 TAGS = ("clef", "random-weights")

@@ -1,19 +1,38 @@
 """The SystemOne request: wire schema, the release's checks and the limits a server needs.
 
-`parse_request` turns a JSON body into a `ClefRequest` whose questions already hold their options in the
-order the model sees them, so encoding and answer mapping never re-derive that order.
+`parse_request` validates a body through the models below, the ones /openapi.json shows, and turns it into a
+`ClefRequest` whose questions already hold their options in the order the model sees them, so encoding and
+answer mapping never re-derive that order. Each limit is a `Bound` in a model's annotation, written once: it
+puts its JSON Schema keywords (naming the `Limits` field) into the document and checks the count against the
+server's `Limits`, handed to validation as its context, with a message naming the field.
 """
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    JsonValue,
+    StrictStr,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from clef_vllm.errors import RequestError, SchemaTextTooLongError
-from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MediaData, MediaLimits
+from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MIN_VIDEO_FRAMES, MediaData, MediaLimits
 from clef_vllm.schema import QuestionType, QuestionTypeName
 
 NOUL_DEFAULTS = {
@@ -54,8 +73,10 @@ def schema_chars_limit(max_length: int) -> int:
     return max(SCHEMA_CHARS_PER_TOKEN * max_length, MIN_SCHEMA_CHARS)
 
 
-# The JSON Schema keyword under which a bound names the `Limits` field that holds its value (see `limited`).
+# The JSON Schema keyword under which a bound names the `Limits` field that holds its value (see `Bound`).
 LIMITS_KEYWORD = "x-clef-limits"
+# The pydantic error type of a refusal whose message is written here, whole (see `_from_validation_error`).
+REFUSED = "clef_refused"
 
 SCHEMA_TEXT = (
     f"as text (JSON rendered compactly), instructions and each option at most {SCHEMA_CHARS_PER_TOKEN} characters "
@@ -64,14 +85,8 @@ SCHEMA_TEXT = (
 )
 
 
-def limited(**keywords: str | int) -> dict[str, Any]:
-    """`json_schema_extra` for bounds that `parse_request` checks itself, with messages naming the field: each
-    keyword's value is a `Limits` field name (the server's value, written in by `resolve_limits`) or a number."""
-    return {LIMITS_KEYWORD: keywords}
-
-
 def resolve_limits(schema: Any, limits: Limits) -> Any:
-    """`schema` with every `limited` bound replaced by its value under `limits`."""
+    """`schema` with every `Bound` keyword replaced by its value under `limits`."""
     if isinstance(schema, list):
         return [resolve_limits(item, limits) for item in schema]
     if not isinstance(schema, dict):
@@ -82,21 +97,132 @@ def resolve_limits(schema: Any, limits: Limits) -> Any:
     return resolved
 
 
-def documented_as(kind: Any) -> BeforeValidator:
-    """Annotates a field that validates as declared (loosely: `parse_request` checks the rest with its own
-    messages) and is described in the JSON Schema as `kind`, the shape the checks accept."""
-    return BeforeValidator(_unchanged, json_schema_input_type=kind)
+def refused(message: str, named: bool = False) -> PydanticCustomError:
+    """A refusal in our own words; `_from_validation_error` adds the question it is about, and with `named` the
+    field it is about at the front."""
+    return PydanticCustomError(REFUSED, "{message}", {"message": message, "named": named})
 
 
-def _unchanged(value: Any) -> Any:
-    return value
+def _limits_of(info: ValidationInfo) -> Limits:
+    context = info.context if isinstance(info.context, dict) else {}
+    return context.get("limits", DEFAULT_LIMITS)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A count (items, properties) or a length, written once: the JSON Schema keywords /openapi.json shows and
+    the check validation applies. `at_least` and `at_most` are `Limits` field names or numbers; the messages are
+    formatted with `count`, `value` (cut to 40 characters), `at_least` and `at_most`."""
+
+    keywords: tuple[str | None, str | None]  # the JSON Schema keywords of the lower and the upper bound, if any
+    at_least: str | int
+    at_most: str | int | None
+    too_many: str = ""
+    too_few: str = ""
+    empty: str | None = None  # for a count of 0, when it needs other words than `too_few`
+    off: str | None = None  # for any count when the upper bound is 0 (the server switched the thing off)
+    named: bool = False  # the message follows the field's name ("videos[0] has ...")
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.with_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        document = handler(schema)
+        bounds = zip(self.keywords, (self.at_least, self.at_most), strict=True)
+        document[LIMITS_KEYWORD] = {keyword: bound for keyword, bound in bounds if keyword is not None}
+        return document
+
+    def problem(self, count: int, limits: Limits, value: Any = None) -> str | None:
+        """Why `count` is refused under `limits`, or None."""
+        low, high = (getattr(limits, b) if isinstance(b, str) else b for b in (self.at_least, self.at_most))
+        template = None
+        if high is not None and count > high:
+            template = self.off if high == 0 and self.off else self.too_many
+        elif count < low:
+            template = self.empty if count == 0 and self.empty else self.too_few
+        if template is None:
+            return None
+        shown = value[:40] if isinstance(value, str) else ""
+        return template.format(count=count, value=shown, at_least=low, at_most=high)
+
+    def _check(self, value: Any, info: ValidationInfo) -> Any:
+        problem = self.problem(len(value), _limits_of(info), value)
+        if problem is not None:
+            raise refused(problem, self.named)
+        return value
+
+
+@dataclass(frozen=True)
+class Unique:
+    """List items that must differ (`uniqueItems`), with the message naming the first repeated one."""
+
+    message: str  # formatted with `value`
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return {**handler(schema), "uniqueItems": True}
+
+    def _check(self, value: list[Any]) -> list[Any]:
+        seen: set[Any] = set()
+        for item in value:
+            if item in seen:
+                raise refused(self.message.format(value=str(item)[:60]))
+            seen.add(item)
+        return value
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a value that has the wrong shape is told (the types pydantic would list mean little to a client);
+    a refusal from inside the value (an id, a count) is kept as it is."""
+
+    message: str
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_wrap_validator_function(self._check, handler(source))
+
+    named: bool = False  # the message follows the field's name ("images[0] must be ...")
+    when: tuple[str, ...] | None = None  # only these pydantic errors are told in `message` (None: any)
+
+    def _check(self, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            kinds = {error["type"] for error in exc.errors()}
+            if REFUSED in kinds or (self.when is not None and not kinds & set(self.when)):
+                raise
+            raise refused(self.message, self.named) from None
 
 
 def _no_default(schema: dict[str, Any]) -> None:
     schema.pop("default", None)  # an absent field means something other than null
 
 
-Id = Annotated[str, Field(json_schema_extra=limited(minLength=1, maxLength="max_id_length"))]
+def _id(what: str) -> Bound:
+    return Bound(
+        ("minLength", "maxLength"),
+        1,
+        "max_id_length",
+        too_few=f'{what} "{{value}}" must be a non-empty string',
+        too_many=f'{what} "{{value}}..." is longer than {{at_most}} characters',
+    )
+
+
+QuestionId = Annotated[str, _id("question id")]
+OptionId = Annotated[str, _id("option id")]
+
+
+def _options(kind: str, noun: str, keywords: tuple[str, str], most: str) -> Bound:
+    return Bound(
+        keywords,
+        "min_options",
+        most,
+        too_few=f"needs at least {{at_least}} {noun}, got {{count}}",
+        too_many=f"too many {noun}: {{count}} (at most {{at_most}})",
+        empty=f"{kind} needs non-empty criteria",
+    )
 
 
 class QuestionFields(BaseModel):
@@ -107,13 +233,6 @@ class QuestionFields(BaseModel):
     instructions: JsonValue = Field(
         default=None, description="Any JSON; the question id when missing or empty; " + SCHEMA_TEXT
     )
-
-
-class QuestionBody(QuestionFields):
-    """One question as validated: the criteria of each type (the models below) are checked by `_question`."""
-
-    type: QuestionTypeName
-    criteria: dict[str, JsonValue] | list[JsonValue] | None = None
 
 
 class NoulCriteria(BaseModel):
@@ -129,45 +248,44 @@ class NoulQuestion(QuestionFields):
     """A proposition: the answer is the probability that it is true."""
 
     type: Literal["noul"]
-    criteria: NoulCriteria | None = Field(default=None, description="Optional descriptions of `true` and `false`")
+    criteria: Annotated[NoulCriteria | None, Shape("noul criteria must be an object with true/false")] = Field(
+        default=None, description="Optional descriptions of `true` and `false`"
+    )
 
 
 class ChoiceQuestion(QuestionFields):
     """One option out of several: the answer is the option and every option's probability."""
 
     type: Literal["choice"]
-    criteria: (
+    criteria: Annotated[
         Annotated[
-            dict[Id, JsonValue],
-            Field(
-                description="Option id -> description (any JSON; null for none)",
-                json_schema_extra=limited(minProperties="min_options", maxProperties="max_choice_options"),
-            ),
+            dict[OptionId, JsonValue],
+            Field(description="Option id -> description (any JSON; null for none)"),
+            _options("choice", "options", ("minProperties", "maxProperties"), "max_choice_options"),
         ]
         | Annotated[
-            list[Id],
-            Field(
-                description="Option ids without descriptions (read as null descriptions)",
-                json_schema_extra={
-                    "uniqueItems": True,
-                    **limited(minItems="min_options", maxItems="max_choice_options"),
-                },
-            ),
-        ]
-    ) = Field(description="The options, in the order the answer lists them")
+            list[OptionId],
+            Field(description="Option ids without descriptions (read as null descriptions)"),
+            Unique('option "{value}" is listed twice in criteria'),
+            _options("choice", "options", ("minItems", "maxItems"), "max_choice_options"),
+        ],
+        Shape("choice criteria must be an object of option id -> description or a list of option names (strings)"),
+    ] = Field(description="The options, in the order the answer lists them")
 
 
 class ScoreQuestion(QuestionFields):
     """A level on a scale: the answer is the expected level and every level's probability."""
 
     type: Literal["score"]
-    criteria: list[JsonValue] = Field(
-        description="Level descriptions, level 0 first",
-        json_schema_extra=limited(minItems="min_options", maxItems="max_score_levels"),
-    )
+    criteria: Annotated[
+        list[JsonValue],
+        _options("score", "levels", ("minItems", "maxItems"), "max_score_levels"),
+        Shape("score criteria must be a list of level descriptions"),
+    ] = Field(description="Level descriptions, level 0 first")
 
 
 AnyQuestion = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
+QUESTION_TYPES = typing.get_args(QuestionTypeName)
 
 
 class MediaObject(BaseModel):
@@ -188,8 +306,55 @@ class MediaObject(BaseModel):
     format: StrictStr | None = Field(default=None, description="e.g. png, jpeg, mp4 (informative)")
 
 
-Media = Annotated[StrictStr, Field(description="Base64 data or a data: URL")] | MediaObject
-Frames = Annotated[list[Media], Field(description="Frames taken as already sampled", min_length=1)]
+# Tags of the media unions (pydantic puts them into error locations; `_body_path` drops them).
+_STRING, _OBJECT, _FILE, _FRAMES = "media:string", "media:object", "video:file", "video:frames"
+MEDIA_SHAPE = "must be a base64 string, a data: URL or an object with data_base64"
+
+
+def _media_form(value: Any) -> str | None:
+    return _STRING if isinstance(value, str) else _OBJECT if isinstance(value, dict) else None
+
+
+def _video_form(value: Any) -> str:
+    return _FRAMES if isinstance(value, list) else _FILE
+
+
+# What pydantic says when a value is none of a tagged union's forms; told in our words instead (see `Shape`).
+NO_FORM = ("union_tag_not_found", "union_tag_invalid")
+
+
+Media = Annotated[
+    Annotated[StrictStr, Tag(_STRING), Field(description="Base64 data or a data: URL")]
+    | Annotated[MediaObject, Tag(_OBJECT)],
+    Discriminator(_media_form),
+    Shape(MEDIA_SHAPE, named=True, when=NO_FORM),
+]
+Frames = Annotated[
+    list[Media],
+    Field(description="Frames taken as already sampled"),
+    Bound(
+        ("minItems", None),
+        MIN_VIDEO_FRAMES,
+        None,
+        too_few="has {count} frames; a video needs at least {at_least}",
+        named=True,
+    ),
+]
+Video = Annotated[Annotated[Media, Tag(_FILE)] | Annotated[Frames, Tag(_FRAMES)], Discriminator(_video_form)]
+IMAGES = Bound(
+    (None, "maxItems"),
+    0,
+    "max_images",
+    too_many="too many images: {count} (at most {at_most} per request, assets included)",
+    off="images are switched off on this server (--limit-images 0)",
+)
+VIDEOS = Bound(
+    (None, "maxItems"),
+    0,
+    "max_videos",
+    too_many="too many videos: {count} (at most {at_most} per request)",
+    off="videos are switched off on this server (--limit-videos 0)",
+)
 
 
 class SystemOneRequest(BaseModel):
@@ -202,24 +367,28 @@ class SystemOneRequest(BaseModel):
         default=None, description="Echoed in the response; the served name when absent", json_schema_extra=_no_default
     )
     state: JsonValue = Field(description="Any JSON; rendered as text, cut from its end when too long")
-    images: Annotated[list[JsonValue] | None, documented_as(list[Media] | None)] = Field(
+    images: Annotated[list[Media], IMAGES] | None = Field(
         default=None,
         description="Images (PNG, JPEG, WebP, GIF): base64 strings, data URLs or objects {data_base64, format}",
-        json_schema_extra=limited(maxItems="max_images"),
     )
-    videos: Annotated[list[JsonValue] | None, documented_as(list[Media | Frames] | None)] = Field(
+    videos: Annotated[list[Video], VIDEOS] | None = Field(
         default=None,
         description="Videos: each a video file (MP4, WebM, MOV; base64 / data URL / object), sampled as the "
         "checkpoint's video processor samples it, or a list of frames",
-        json_schema_extra=limited(maxItems="max_videos"),
     )
-    assets: Annotated[dict[str, JsonValue] | None, documented_as(dict[str, Media] | None)] = Field(
+    assets: dict[str, Media] | None = Field(
         default=None, description="Placeholder -> image; referenced by the placeholder inside strings"
     )
-    questions: Annotated[dict[str, QuestionBody], documented_as(dict[Id, AnyQuestion])] = Field(
-        description="Question id -> question, in the order to encode",
-        json_schema_extra=limited(minProperties=1, maxProperties="max_questions"),
-    )
+    questions: Annotated[
+        dict[QuestionId, AnyQuestion],
+        Bound(
+            ("minProperties", "maxProperties"),
+            1,
+            "max_questions",
+            too_few="questions must be a non-empty object",
+            too_many="too many questions: {count} (at most {at_most})",
+        ),
+    ] = Field(description="Question id -> question, in the order to encode")
 
 
 @dataclass(frozen=True)
@@ -269,26 +438,18 @@ def parse_request(
     """
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
-    if "state" not in body:
-        raise RequestError("state is required", field="state")
     _refuse_box_questions(body.get("questions"))
     try:
-        wire = SystemOneRequest.model_validate(body)
+        wire = SystemOneRequest.model_validate(body, context={"limits": limits})
     except ValidationError as exc:
         raise _from_validation_error(exc) from None
-    if not wire.questions:
-        raise RequestError("questions must be a non-empty object", field="questions")
-    if len(wire.questions) > limits.max_questions:
-        raise RequestError(
-            f"too many questions: {len(wire.questions)} (at most {limits.max_questions})", field="questions"
-        )
-    questions = tuple(_question(qid, q, limits) for qid, q in wire.questions.items())
+    questions = tuple(_question(qid, q) for qid, q in wire.questions.items())
     parts = parts or {}
     images = [_media(value, f"images[{i}]", parts, "image") for i, value in enumerate(wire.images or ())]
     images += _assets(wire.assets or {}, wire.state, questions, parts)
     videos = [_video(value, f"videos[{i}]", parts) for i, value in enumerate(wire.videos or ())]
-    _check_media_count(len(images), limits.max_images, "images", "--limit-images")
-    _check_media_count(len(videos), limits.max_videos, "videos", "--limit-videos")
+    if assets_too := IMAGES.problem(len(images), limits):  # `images` alone was checked; with its assets now
+        raise RequestError(assets_too, "images")
     return ClefRequest(
         model=wire.model,
         state=wire.state,
@@ -335,26 +496,12 @@ def _refuse_box_questions(questions: object) -> None:
             )
 
 
-def _check_media_count(count: int, maximum: int, field: str, flag: str) -> None:
-    if count and maximum == 0:
-        raise RequestError(f"{field} are switched off on this server ({flag} 0)", field)
-    if count > maximum:
-        scope = "per request, assets included" if field == "images" else "per request"
-        raise RequestError(f"too many {field}: {count} (at most {maximum} {scope})", field)
-
-
-def _media(value: object, where: str, parts: Mapping[str, bytes], kind: Literal["image", "video"]) -> MediaData:
-    """One image, video file or frame (an image) in any of its wire forms."""
-    if isinstance(value, str):
-        return MediaData(where, value)
-    if not isinstance(value, dict):
-        raise RequestError(f"{where} must be a base64 string, a data: URL or an object with data_base64", where)
-    try:
-        item = MediaObject.model_validate(value)
-    except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
-        inner = ".".join(str(part) for part in error["loc"]) or "value"
-        raise RequestError(f"{where}.{inner}: {error['msg']}", where) from None
+def _media(
+    item: str | MediaObject, where: str, parts: Mapping[str, bytes], kind: Literal["image", "video"]
+) -> MediaData:
+    """One image, video file or frame (an image), validated in either wire form."""
+    if isinstance(item, str):
+        return MediaData(where, item)
     if item.type is not None and item.type != kind:
         raise RequestError(f'{where} has type "{item.type}" where {kind} data belongs', f"{where}.type")
     sources = {
@@ -378,14 +525,14 @@ def _media(value: object, where: str, parts: Mapping[str, bytes], kind: Literal[
     return MediaData(where, parts[source], media_type)
 
 
-def _video(value: object, where: str, parts: Mapping[str, bytes]) -> VideoData:
+def _video(value: str | MediaObject | list[str | MediaObject], where: str, parts: Mapping[str, bytes]) -> VideoData:
     if isinstance(value, list):
         return tuple(_media(frame, f"{where}[{j}]", parts, "image") for j, frame in enumerate(value))
     return _media(value, where, parts, "video")
 
 
 def _assets(
-    assets: dict[str, Any], state: Any, questions: tuple[Question, ...], parts: Mapping[str, bytes]
+    assets: dict[str, str | MediaObject], state: Any, questions: tuple[Question, ...], parts: Mapping[str, bytes]
 ) -> list[MediaData]:
     """Assets as images, in the order their placeholders first appear in the prompt's text; the release has a
     single place for media (before the state), so the placeholders themselves stay in the text as written.
@@ -408,83 +555,78 @@ def _assets(
     return [_media(assets[name], f"assets.{name}", parts, "image") for name in order]
 
 
-def _question(qid: str, body: QuestionBody, limits: Limits) -> Question:
-    where = f"questions.{qid}"
-    _check_id(qid, f'question id "{qid}"', where, limits)
+def _question(qid: str, body: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> Question:
+    """The validated question with its options in the order the model sees them."""
     qtype = QuestionType[body.type.upper()]
-    criteria = body.criteria
-    if qtype is QuestionType.NOUL:
-        if criteria is not None and not isinstance(criteria, dict):
-            raise RequestError(
-                f'question "{qid}": noul criteria must be an object with true/false', f"{where}.criteria"
-            )
-        overrides = criteria or {}
-        options = tuple(Option(key, overrides.get(key, default)) for key, default in NOUL_DEFAULTS.items())
+    if isinstance(body, NoulQuestion):
+        given = body.criteria or NoulCriteria()
+        options = (Option("true", given.true), Option("false", given.false))
         return Question(qid, qtype, body.instructions, options, ("true", "false"))
-    if not criteria:
-        raise RequestError(f'question "{qid}": {body.type} needs non-empty criteria', f"{where}.criteria")
-    if qtype is QuestionType.CHOICE:
-        criteria = _choice_criteria(qid, criteria, f"{where}.criteria")
-        _check_count(qid, len(criteria), "options", limits.max_choice_options, where, limits)
-        for option_id in criteria:
-            _check_id(option_id, f'question "{qid}": option id "{option_id}"', f"{where}.criteria", limits)
+    if isinstance(body, ChoiceQuestion):
+        # A list of option names is options without descriptions, read as the release reads a null description.
+        criteria = body.criteria if isinstance(body.criteria, dict) else dict.fromkeys(body.criteria)
         options = tuple(Option(key, criteria[key]) for key in sorted(criteria, key=str))
         return Question(qid, qtype, body.instructions, options, tuple(criteria))
-    if not isinstance(criteria, list):
-        raise RequestError(
-            f'question "{qid}": score criteria must be a list of level descriptions', f"{where}.criteria"
-        )
-    _check_count(qid, len(criteria), "levels", limits.max_score_levels, where, limits)
-    options = tuple(Option(str(level), value) for level, value in enumerate(criteria))
+    options = tuple(Option(str(level), value) for level, value in enumerate(body.criteria))
     return Question(qid, qtype, body.instructions, options, tuple(o.id for o in options))
 
 
-def _choice_criteria(qid: str, criteria: dict[str, Any] | list[Any], where: str) -> dict[str, Any]:
-    """Choice criteria as option id -> description; a list of option names is options without descriptions,
-    which the model reads as the release reads a null description (no description key)."""
-    if isinstance(criteria, dict):
-        return criteria
-    if not all(isinstance(name, str) for name in criteria):
-        raise RequestError(
-            f'question "{qid}": choice criteria must be an object of option id -> description or a list of '
-            "option names (strings)",
-            where,
-        )
-    seen: set[str] = set()
-    for name in criteria:
-        if name in seen:
-            raise RequestError(f'question "{qid}": option "{name[:60]}" is listed twice in criteria', where)
-        seen.add(name)
-    return dict.fromkeys(criteria)
-
-
-def _check_id(value: str, what: str, where: str, limits: Limits) -> None:
-    if not value:
-        raise RequestError(f"{what} must be a non-empty string", where)
-    if len(value) > limits.max_id_length:
-        raise RequestError(f"{what[:60]}... is longer than {limits.max_id_length} characters", where)
-
-
-def _check_count(qid: str, count: int, noun: str, maximum: int, where: str, limits: Limits) -> None:
-    if count < limits.min_options:
-        raise RequestError(
-            f'question "{qid}": needs at least {limits.min_options} {noun}, got {count}', f"{where}.criteria"
-        )
-    if count > maximum:
-        raise RequestError(f'question "{qid}": too many {noun}: {count} (at most {maximum})', f"{where}.criteria")
-
-
 def _from_validation_error(exc: ValidationError) -> RequestError:
-    error = exc.errors(include_url=False)[0]
-    loc = [str(part) for part in error["loc"] if not str(part).startswith(("function-", "list[", "dict["))]
-    # pydantic appends union member names to the location; keep only the path into the body.
-    field = ".".join(loc)
-    message = error["msg"]
-    if len(loc) >= 2 and loc[0] == "questions":
-        qid, inner = loc[1], ".".join(loc[2:]) or "question"
-        if error["type"] == "missing":
+    """One line naming the field: our own refusal when there is one (a union reports every branch), else
+    pydantic's first. Under a question the field goes at most to the question's own field (`questions.q1.
+    criteria`), and the message names the question."""
+    errors = exc.errors(include_url=False)
+    first = _body_path(errors[0])
+    error = next((e for e in errors if e["type"] == REFUSED and _body_path(e)[:3] == first[:3]), errors[0])
+    loc = _body_path(error)
+    kind, message = error["type"], error["msg"]
+    if loc[:1] == ["questions"] and len(loc) >= 2:
+        qid = str(loc[1])
+        if len(loc) == 2 and kind in ("model_attributes_type", "dict_type", "model_type"):
+            return RequestError(f'question "{qid}" must be an object with a type', _joined(loc))
+        if kind in ("union_tag_not_found", "union_tag_invalid"):
+            loc = [*loc[:2], "type"]
+            if kind == "union_tag_invalid":
+                message = f"must be one of {', '.join(QUESTION_TYPES)}, not {str(error['input'].get('type'))[:40]!r}"
+            else:
+                kind = "missing"
+        field = _joined(loc[:3])
+        if loc[2:3] == ["[key]"]:  # the question id itself
+            return RequestError(message, _joined(loc[:2]))
+        inner = _joined(loc[2:3]) or "question"
+        if kind == REFUSED:
+            return RequestError(f'question "{qid}": {message}', field)
+        if kind == "missing":
             return RequestError(f'question "{qid}": {inner} is required', field)
         return RequestError(f'question "{qid}": {inner}: {message}', field)
-    if error["type"] == "missing":
+    field = _joined(loc)
+    if kind == REFUSED:
+        return RequestError(f"{field} {message}" if error.get("ctx", {}).get("named") else message, field)
+    if kind == "missing":
         return RequestError(f"{field} is required", field)
     return RequestError(f"{field}: {message}", field)
+
+
+def _body_path(error: Any) -> list[str | int]:
+    """The error's location as a path into the body: pydantic also names union members, validators and the
+    tags of tagged unions there."""
+    loc = [part for part in error["loc"] if not _is_schema_step(part)]
+    if loc[:1] == ["questions"] and len(loc) >= 3 and loc[2] in QUESTION_TYPES:
+        del loc[2]
+    return loc
+
+
+def _joined(loc: list[str | int]) -> str:
+    """`images[0].type`, `questions.q1.criteria`: indices in brackets, names after dots."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    return text
+
+
+def _is_schema_step(part: str | int) -> bool:
+    if isinstance(part, int):
+        return False
+    return part.startswith(
+        ("function-", "list[", "dict[", "nullable[", "json-or-python[", "media:", "video:")
+    ) or part in ("NoulCriteria", "str")

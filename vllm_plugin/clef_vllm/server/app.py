@@ -14,12 +14,13 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
+from clef_vllm import strict_json
 from clef_vllm.errors import RequestError
-from clef_vllm.server import openapi, strict_json
+from clef_vllm.server import openapi
 from clef_vllm.server.backend import EngineBackend
 from clef_vllm.server.body import read_body
 from clef_vllm.server.error_shape import ApiError, install
@@ -43,6 +44,24 @@ logger = logging.getLogger("clef_vllm.server")
 ERROR_STATUSES = (400, 401, 408, 413, 415, 422, 500, 503)
 HOSTED_NAMES = ("clef", "clef-flash")  # the Workers AI model ids a self-hosted release stands in for
 CLIENT_CLOSED = 499
+# The only routes answered without the API key: probes and scrapers carry none, and the API's own description.
+# Every other route requires the key through `require_key` (tests/test_server_units.py walks the routes).
+OPEN_ROUTES = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+KEY_MESSAGE = "missing or invalid API key: send it as a bearer token in the Authorization header"
+
+
+class RequireKey:
+    """The one key check, a dependency of every route not in `OPEN_ROUTES`; no key configured lets all in."""
+
+    def __init__(self, api_key: str | None) -> None:
+        self.api_key = api_key
+
+    def __call__(self, request: Request) -> None:
+        if not self.api_key:
+            return
+        scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise ApiError(401, "invalid_api_key", KEY_MESSAGE)
 
 
 def _responses(model: type, *extra: int) -> dict[int | str, dict[str, Any]]:
@@ -119,15 +138,9 @@ def create_app(
     openapi.install(app, config.limits)
     server_metrics = ServerMetrics(backend)
 
-    def check_key(request: Request) -> None:
-        if not config.api_key:
-            return
-        scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
-            raise ApiError(401, "invalid_api_key", "missing or invalid API key (Authorization: Bearer KEY)")
+    keyed = [Depends(RequireKey(config.api_key))]
 
     async def answer(request: Request, response: Response) -> dict[str, Any]:
-        check_key(request)
         if backend.dead:
             raise ApiError(503, "engine_dead", "the engine has stopped; restart the server")
         if not backend.ready:
@@ -182,11 +195,10 @@ def create_app(
         return {"status": "ok"}
 
     @app.get("/metrics", response_class=Response, responses=openapi.metrics_responses())
-    async def metrics() -> Response:  # open without the key, like /health: scrapers and probes carry none
+    async def metrics() -> Response:
         return server_metrics.response()
 
-    async def models(request: Request) -> ModelList:
-        check_key(request)
+    async def models() -> ModelList:
         card = ModelCard(id=served_name, created=info.created, max_model_len=config.max_model_len)
         entry = ModelEntry(name=served_name, description=info.description, release_date=info.release_date)
         return ModelList(data=[card], models=[entry])
@@ -194,7 +206,12 @@ def create_app(
     # SystemOne clients that put every route under their base URL ask for the list there too.
     for path in ("/v1/models", "/v1/systemone/models"):
         app.add_api_route(
-            path, models, methods=["GET"], response_model=ModelList, responses={401: {"model": ErrorBody}}
+            path,
+            models,
+            methods=["GET"],
+            response_model=ModelList,
+            responses={401: {"model": ErrorBody}},
+            dependencies=keyed,
         )
 
     @app.post(
@@ -202,6 +219,7 @@ def create_app(
         response_model=SystemOneResponse,
         responses=_responses(ErrorBody),
         openapi_extra=openapi.request_body(),
+        dependencies=keyed,
     )
     async def systemone(request: Request, response: Response) -> Any:
         return await answer_or_abort(request, response)
@@ -212,9 +230,9 @@ def create_app(
         responses=_responses(WorkersAIErrorBody, 404),
         openapi_extra=openapi.request_body(),
         summary="Workers AI compatible route (Cloudflare's envelope)",
+        dependencies=keyed,
     )
     async def workers_ai(request: Request, response: Response, account_id: str, name: str) -> Any:
-        check_key(request)
         if name not in (*HOSTED_NAMES, served_name):
             raise ApiError(404, "model_not_found", f"model @cf/cloudflare/{name} is not served here", "name")
         result = await answer_or_abort(request, response)

@@ -160,6 +160,9 @@ def main(argv: list[str] | None = None) -> None:
             access_log=False,  # one line per request comes from the request-id layer, with the id
             timeout_keep_alive=int(config.idle_timeout) or 1,
             http=guarded_protocol(config.connection_limits),
+            # No route speaks WebSocket: an upgrade request is answered as the plain HTTP request it also is,
+            # through the app, so it gets the JSON shape and a request id like any other.
+            ws="none",
         )
     )
     server.run()

@@ -10,7 +10,8 @@ what it had buffered. Connections beyond `--max-connections` are answered 503 an
 What h11 itself refuses (a malformed request line or header, request headers beyond uvicorn's 16 KiB, a
 Transfer-Encoding other than chunked) is answered here too, instead of uvicorn's plain-text 400: in the one
 error shape, with the status h11 suggests (400, 431 or 501), request id headers and one log line.
-Every answer made here carries a fresh request id.
+Every answer made here carries a fresh request id. An `Upgrade` (WebSocket or any other) is never taken: the
+request is answered as plain HTTP by the application, in its shape and with its request id.
 """
 
 from __future__ import annotations
@@ -107,6 +108,10 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
                 self._close_lingering()
                 return
             self._arm("headers", limits.header_timeout)
+
+        def _unsupported_upgrade_warning(self) -> None:
+            """uvicorn would suggest installing a WebSocket library; the server has no WebSocket route, so an
+            upgrade request is answered as a plain HTTP request (and logged as one), without a warning."""
 
         def send_400_response(self, msg: str) -> None:
             """uvicorn's answer to anything h11 refuses, made in the one error shape."""

@@ -1,8 +1,9 @@
 """The one error shape, for every status and every source (our checks, FastAPI, Starlette, the unexpected).
 
-`{"error": {"type", "code", "message", "field"}, "detail": message}`: `type` follows the status, `code` is a
-stable reason a client can switch on, `field` names the part of the request at fault (null when nothing in
-particular); `detail` repeats the message as a top-level string for clients that read only that.
+`{"error": {"type", "code", "message", "field"}, "detail": message, "code": code}`: `type` follows the status,
+`code` is a stable reason a client can switch on, `field` names the part of the request at fault (null when
+nothing in particular); `detail` and `code` repeat the message and the reason as top-level strings for clients
+that read only those.
 Under the Workers AI route the same error leaves in Cloudflare's envelope instead:
 `{"success": false, "errors": [{"code": <HTTP status>, "message"}], "messages": [], "result": null}`.
 """
@@ -63,7 +64,7 @@ class ApiError(Exception):
 
 def error_body(status: int, code: str, message: str, field: str | None = None) -> dict[str, Any]:
     kind = ERROR_TYPES.get(status, "server_error")
-    return {"error": {"type": kind, "code": code, "message": message, "field": field}, "detail": message}
+    return {"error": {"type": kind, "code": code, "message": message, "field": field}, "detail": message, "code": code}
 
 
 def workers_ai_error_body(status: int, message: str) -> dict[str, Any]:

@@ -9,13 +9,15 @@ was made), else from the folder itself.
 from __future__ import annotations
 
 import datetime
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MANIFEST_FILE = "clef_quant.json"
+from pydantic import ValidationError
+
+from clef_vllm.manifest import MANIFEST_FILE, Manifest
+
 CARD_FILE = "README.md"
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.DOTALL)
 
@@ -28,12 +30,12 @@ class ModelInfo:
     created: int  # Unix seconds, for the OpenAI-shaped list
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _manifest(folder: Path) -> Manifest | None:
+    """The folder's manifest, or None: a broken one only means the list says less (`inspect` reports it)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return Manifest.model_validate_json((folder / MANIFEST_FILE).read_bytes())
+    except (OSError, ValidationError):
+        return None
 
 
 def _front_matter(path: Path) -> dict[str, str]:
@@ -65,21 +67,19 @@ def model_info(model: str, served_name: str | None = None) -> ModelInfo:
     folder = Path(model)
     if not folder.is_dir():
         return ModelInfo(served_name or model, f"Clef model {model}", "", 0)
-    manifest = _read_json(folder / MANIFEST_FILE)
-    card = manifest.get("card") if isinstance(manifest.get("card"), dict) else {}
+    manifest = _manifest(folder)
+    card = manifest.card if manifest is not None else None
     front = _front_matter(folder / CARD_FILE)
-    repo_id = card.get("repo_id") if isinstance(card.get("repo_id"), str) else None
+    repo_id = card.repo_id if card is not None else None
     name = served_name or front.get("model_name") or repo_id or folder.resolve().name
-    run = manifest.get("run") if isinstance(manifest.get("run"), dict) else {}
-    when = _date(card.get("created")) or _date(run.get("created"))
+    when = _date(card.created if card is not None else None) or _date(manifest.run.created if manifest else None)
     if when is None:
         config = folder / "config.json"
         stamp = (config if config.exists() else folder).stat().st_mtime
         when = datetime.datetime.fromtimestamp(stamp, tz=datetime.UTC)
-    source = manifest.get("source") if isinstance(manifest.get("source"), dict) else {}
-    scheme = manifest.get("scheme")
-    origin = str(source.get("id") or "")
-    if source.get("local") or Path(origin).is_absolute():
+    scheme = manifest.scheme if manifest is not None else None
+    origin = manifest.source.id if manifest is not None else ""
+    if (manifest is not None and manifest.source.local) or Path(origin).is_absolute():
         origin = Path(origin).name  # a model name, not a path on the machine that quantized it
     if scheme and origin:
         description = f"{origin} quantized to {scheme} with clef-quant"

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from pydantic.json_schema import models_json_schema
 
 from clef_vllm.request import Limits, SystemOneRequest, resolve_limits
-from clef_vllm.server.strict_json import MAX_DEPTH, MAX_INTEGER_DIGITS
+from clef_vllm.strict_json import MAX_DEPTH, MAX_INTEGER_DIGITS
 
 REQUEST_SCHEMA = SystemOneRequest.__name__
 REF_TEMPLATE = "#/components/schemas/{model}"

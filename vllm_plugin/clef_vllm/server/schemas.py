@@ -1,41 +1,13 @@
-"""Response and error bodies of the HTTP API, as pydantic models so that /openapi.json describes them."""
+"""Error bodies and the model list of the HTTP API, as pydantic models so that /openapi.json describes them; the
+answer body's models live with the code that builds it (`clef_vllm.answers`)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, JsonValue
+from pydantic import BaseModel, Field
 
-
-class NoulAnswer(BaseModel):
-    type: Literal["noul"]
-    noul: float = Field(description="Probability that the proposition is true, rounded to 4 decimals")
-
-
-class ChoiceAnswer(BaseModel):
-    type: Literal["choice"]
-    choice: str
-    confidence: float
-    probabilities: dict[str, float] = Field(description="Every option, in the request's criteria order")
-
-
-class ScoreAnswer(BaseModel):
-    type: Literal["score"]
-    score: float = Field(description="Expected level, sum of level x probability")
-    confidence: float
-    legend: dict[str, JsonValue]
-    probabilities: dict[str, float]
-
-
-class Usage(BaseModel):
-    input_tokens: int
-    output_tokens: int = 0
-
-
-class SystemOneResponse(BaseModel):
-    model: str = Field(description="The request's `model` as sent, else the served model name")
-    answers: dict[str, NoulAnswer | ChoiceAnswer | ScoreAnswer]
-    usage: Usage
+from clef_vllm.answers import SystemOneResponse
 
 
 class ErrorDetail(BaseModel):
@@ -48,6 +20,7 @@ class ErrorDetail(BaseModel):
 class ErrorBody(BaseModel):
     error: ErrorDetail
     detail: str = Field(description="The message again, as a top-level string (for clients that read only that)")
+    code: str = Field(description="The code again, as a top-level string (for clients that read only that)")
 
 
 class WorkersAIError(BaseModel):

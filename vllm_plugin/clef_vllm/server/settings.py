@@ -25,7 +25,8 @@ from clef_vllm.server.connections import ConnectionLimits
 
 API_KEY_ENV = "CLEF_SYSTEMONE_API_KEY"
 MEDIA_GROUP = "images and videos"
-MIB = 1024 * 1024
+KIB = 1024
+MIB = 1024 * KIB
 _CONNECTIONS = ConnectionLimits()
 _SETTING = "clef_setting"
 
@@ -106,7 +107,10 @@ class ServeConfig:
     api_key: str | None = setting(
         None, help=f"require 'Authorization: Bearer KEY' (or set {API_KEY_ENV})", env=API_KEY_ENV
     )
-    max_body_mb: float = setting(13.0, help="larger bodies get 413; counted after decompression", above=0)
+    # A cap under 1 KiB would refuse every request: the smallest useful body is about 60 bytes, a real one more.
+    max_body_mb: float = setting(
+        13.0, help="larger bodies get 413; counted after decompression; at least 1 KiB", at_least=KIB / MIB
+    )
     header_timeout: float = setting(
         _CONNECTIONS.header_timeout, help="seconds for a request's headers to arrive, else 408 and close", above=0
     )
