@@ -88,10 +88,11 @@ def interval_section(results: Results) -> list[str]:
         "",
         f"Each interval is the middle {settings.confidence:.0%} of {settings.resamples} resamples of the records "
         f"(bootstrap, seed {settings.seed}, every task keeps its size), with the same records drawn for every side; "
-        "a difference of two sides is measured on those same records, so it is narrower than the two intervals "
-        "suggest. A difference whose interval covers 0 is one these records cannot tell from chance: another "
-        "draw of the data could reverse it. A candidate is at the noise floor when its agreement interval "
-        "overlaps the noise floor's. Every task's intervals are in `results.json` (`bounds`, `differences`).",
+        "a difference of two sides is measured on those same records, so it can be narrower than the two "
+        "intervals side by side suggest. A difference whose interval covers 0 is one these records cannot tell "
+        "from chance: another draw of the data could reverse it. A candidate is at the noise floor when its "
+        "agreement interval overlaps the noise floor's. Every task's intervals are in `results.json` (`bounds`, "
+        "`differences`).",
         "",
         f"**{ALL}, every side:**",
         "",
