@@ -99,8 +99,9 @@ def paired_intervals(
     counts: np.ndarray,
     pairs: Sequence[tuple[int, int]],
     bootstrap: Bootstrap,
+    metrics: Sequence[str] = INTERVAL_METRICS,
 ) -> Uncertainty:
-    """The intervals of INTERVAL_METRICS from per-record sums: `tasks` maps each task to its number of records, in
+    """The intervals of `metrics` from per-record sums: `tasks` maps each task to its number of records, in
     the order of the rows of `sums` (records, sides, metrics) and `counts` (questions per record); `pairs` are the
     (a, b) side positions whose difference a - b is drawn. Every task and All use the same draws."""
     weights = bootstrap.weights(list(tasks.values()))
@@ -118,7 +119,7 @@ def paired_intervals(
         drawn = bootstrap.interval(resampled)  # (sides, metrics, 2)
         for i, key in enumerate(keys):
             bounds[key][task] = {
-                m: (float(drawn[i, j, 0]), float(drawn[i, j, 1])) for j, m in enumerate(INTERVAL_METRICS)
+                m: (float(drawn[i, j, 0]), float(drawn[i, j, 1])) for j, m in enumerate(metrics)
             }
         for a, b in pairs:
             gap = bootstrap.interval(resampled[:, a] - resampled[:, b])  # (metrics, 2)
@@ -132,14 +133,14 @@ def paired_intervals(
                     low=_number(gap[j, 0]),
                     high=_number(gap[j, 1]),
                 )
-                for j, metric in enumerate(INTERVAL_METRICS)
+                for j, metric in enumerate(metrics)
             ]
     settings = IntervalSettings(
         method=INTERVAL_METHOD,
         confidence=bootstrap.confidence,
         resamples=bootstrap.resamples,
         seed=bootstrap.seed,
-        metrics=list(INTERVAL_METRICS),
+        metrics=list(metrics),
     )
     return Uncertainty(settings, bounds, differences)
 
