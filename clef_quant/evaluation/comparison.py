@@ -118,9 +118,7 @@ def paired_intervals(
         resampled = resampled_means(weights[:, part], sums[part], counts[part])  # (resamples, sides, metrics)
         drawn = bootstrap.interval(resampled)  # (sides, metrics, 2)
         for i, key in enumerate(keys):
-            bounds[key][task] = {
-                m: (float(drawn[i, j, 0]), float(drawn[i, j, 1])) for j, m in enumerate(metrics)
-            }
+            bounds[key][task] = {m: (float(drawn[i, j, 0]), float(drawn[i, j, 1])) for j, m in enumerate(metrics)}
         for a, b in pairs:
             gap = bootstrap.interval(resampled[:, a] - resampled[:, b])  # (metrics, 2)
             differences += [

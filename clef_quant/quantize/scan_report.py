@@ -44,7 +44,7 @@ def render_markdown(scan_file: ScanFile, frame: Any) -> str:
             ["layer", "group", "scheme", "KL mean", "KL 95% interval", "KL max", "flips", "MB saved", "seconds"],
             [
                 [
-                    row.layer, row.group, row.scheme, f"{row.kl_mean:.3e}", _interval(row), f"{row.kl_max:.3e}",
+                    row.layer, row.group, row.scheme, f"{row.kl_mean:.3e}", interval_cell(row), f"{row.kl_max:.3e}",
                     f"{row.flips}/{row.questions}", f"{row.bytes_saved / 1e6:.3f}", f"{row.seconds:.1f}",
                 ]
                 for row in frame.itertuples()
@@ -65,7 +65,8 @@ def _interval_words(scan_file: ScanFile) -> str:
     )
 
 
-def _interval(row: Any) -> str:
+def interval_cell(row: Any) -> str:
+    """`[low, high]` of a unit's KL, or a dash for a scan written before intervals."""
     low, high = getattr(row, "kl_low", None), getattr(row, "kl_high", None)
     if low is None or high is None or math.isnan(low) or math.isnan(high):
         return "—"
