@@ -263,6 +263,21 @@ def test_card_shows_every_side_and_quality_metric_of_results_json(carded: Path, 
     # The short table of this release: one row per task and All, the noise floor beside it.
     summary = card.split("| task | bf16 acc |")[1].split("\n\n")[0].splitlines()
     assert len(summary) == 2 + 7 + 1 and summary[-1].startswith("| **All** |")
+    # How sure: every side's intervals over All, this release against the noise floor, its paired differences
+    from clef_quant.evaluation.results import read_results
+    from clef_quant.evaluation.tables import INDISTINGUISHABLE
+
+    results = read_results(results_dir)
+    sure = card.split("**How sure these numbers are.**")[1].split("<details>")[0]
+    floor_words = "at the floor" if results.at_floor(results.candidates[0]) else "below the floor"
+    assert f"this release is {floor_words}" in " ".join(sure.split())
+    every_side, differences = tables(sure)
+    assert len(every_side.splitlines()) == 2 + len(results.sides)
+    rows = differences.splitlines()[2:]
+    assert len(rows) == 4  # this release minus the noise floor: acc, agree, KL, TV
+    for row in rows:
+        low, high = (float(x.split()[0]) for x in row.split(" | ")[3].strip("[]").split(", "))
+        assert (INDISTINGUISHABLE in row) == (low <= 0 <= high), row
 
 
 def section(card: str, title: str) -> str:

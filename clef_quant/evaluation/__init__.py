@@ -10,7 +10,8 @@ reference), `runner` (the run itself), `results` (results.json: the dict written
 `frames` (the results as pandas DataFrames), `tables` (markdown tables from them), `report` (results.json / .csv
 / .md).
 
-`load_results(path)` reads an eval output back as DataFrames; see `frames.load_results` for the columns.
+`load_results(path)` reads an eval output back as DataFrames, `load_intervals(path)` its 95% intervals; see
+`frames` for the columns.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from clef_quant.evaluation.frames import ResultFrames, load_results
+    from clef_quant.evaluation.frames import IntervalFrames, ResultFrames, load_intervals, load_results
 
-__all__ = ["ResultFrames", "load_results"]
+__all__ = ["IntervalFrames", "ResultFrames", "load_intervals", "load_results"]
 
 
 def __getattr__(name: str) -> Any:

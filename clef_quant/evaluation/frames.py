@@ -6,6 +6,7 @@ The report's tables, results.csv and the model card are all rendered from these 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -48,6 +49,62 @@ def values_frame(results: Results) -> pd.DataFrame:
             rows.append(row | {m: results.value(side, task.name, m) for m in metrics})
     frame = pd.DataFrame(rows, columns=[*SIDE_COLUMNS, *TASK_COLUMNS, *metrics])
     return frame.astype({m: "float64" for m in metrics})
+
+
+INTERVAL_COLUMNS = ("side", "side_key", "role", "task", "metric", "value", "low", "high")
+DIFFERENCE_COLUMNS = ("a", "b", "a_key", "b_key", "task", "metric", "difference", "low", "high", "distinguishable")
+
+
+def intervals_frame(results: Results) -> pd.DataFrame:
+    """One row per side, task (then All) and metric that has an interval: `value`, and `low`, `high` of its 95%
+    interval (results.json's `intervals` says how they were drawn). Empty for results.json written before them."""
+    import pandas as pd
+
+    names = results.intervals.metrics if results.intervals else []
+    rows = [
+        {
+            "side": side.name,
+            "side_key": side.key,
+            "role": side.role,
+            "task": task.name,
+            "metric": metric,
+            "value": results.value(side, task.name, metric),
+            "low": bound[0],
+            "high": bound[1],
+        }
+        for side in results.sides
+        for task in results.tasks
+        for metric in names
+        if (bound := results.bound(side, task.name, metric)) is not None
+    ]
+    frame = pd.DataFrame(rows, columns=list(INTERVAL_COLUMNS))
+    return frame.astype({c: "float64" for c in ("value", "low", "high")})
+
+
+def differences_frame(results: Results) -> pd.DataFrame:
+    """One row per pair of plugin sides (noise floor and candidates), task (then All) and metric: `difference` is
+    `a` minus `b`, measured on the same resampled records; `distinguishable` is False when its interval covers 0.
+    Empty for results.json written before intervals."""
+    import pandas as pd
+
+    names = {side.key: side.name for side in results.sides}
+    rows = [
+        {
+            "a": names.get(d.a, d.a),
+            "b": names.get(d.b, d.b),
+            "a_key": d.a,
+            "b_key": d.b,
+            "task": d.task,
+            "metric": d.metric,
+            "difference": math.nan if d.difference is None else d.difference,
+            "low": math.nan if d.low is None else d.low,
+            "high": math.nan if d.high is None else d.high,
+            "distinguishable": d.distinguishable,
+        }
+        for d in results.file.differences
+    ]
+    frame = pd.DataFrame(rows, columns=list(DIFFERENCE_COLUMNS))
+    return frame.astype({c: "float64" for c in ("difference", "low", "high")})
 
 
 def probabilities_frame(results: Results, folder: Path, sides: Sequence[ResultSide] | None = None) -> pd.DataFrame:
@@ -104,7 +161,24 @@ def load_results(path: Path | str) -> ResultFrames:
     `seconds` (its share of its batch's model time), `questions`, and `probs`: per question, the option
     probabilities in model order (a noul question is [true, false]). A record scored again counts with its latest
     line; records that an earlier run over other DATA left in the store are included (filter on `id` or `task`).
+
+    The intervals are in `intervals_frame(read_results(path))` and `differences_frame(read_results(path))`.
     """
     results = read_results(Path(path))
     folder = results_json_path(Path(path)).parent
     return ResultFrames(values_frame(results), probabilities_frame(results, folder))
+
+
+class IntervalFrames(NamedTuple):
+    """`load_intervals`' two frames; unpacks as `intervals, differences = load_intervals(path)`."""
+
+    intervals: pd.DataFrame
+    differences: pd.DataFrame
+
+
+def load_intervals(path: Path | str) -> IntervalFrames:
+    """The 95% intervals of a `clef-quant eval` output (its RESULTS folder or results.json) as two DataFrames:
+    `intervals_frame` (a value's interval per side, task and metric) and `differences_frame` (every pair of plugin
+    sides). Both are empty for results.json written before intervals."""
+    results = read_results(Path(path))
+    return IntervalFrames(intervals_frame(results), differences_frame(results))

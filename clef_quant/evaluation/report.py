@@ -9,10 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clef_quant.evaluation.frames import metric_names, values_frame
+from clef_quant.evaluation.frames import differences_frame, intervals_frame, metric_names, values_frame
 from clef_quant.evaluation.metrics import QUALITY_METRICS, SPEED_METRICS, Metric
-from clef_quant.evaluation.results import RESULTS_JSON, Results
-from clef_quant.evaluation.tables import ARROWS, metric_table, sides_table, tasks_table
+from clef_quant.evaluation.results import ALL, RESULTS_JSON, Results
+from clef_quant.evaluation.tables import (
+    ARROWS,
+    differences_table,
+    intervals_table,
+    metric_table,
+    sides_table,
+    tasks_table,
+)
 from clef_quant.release_folder.atomic import write_json_atomic, write_text_atomic
 
 if TYPE_CHECKING:
@@ -71,6 +78,33 @@ def _metric_section(results: Results, frame: pd.DataFrame, metric: Metric) -> li
     ]
 
 
+def interval_section(results: Results) -> list[str]:
+    """All's values with their 95% intervals, each candidate against the noise floor, and every pair's difference."""
+    settings = results.intervals
+    if settings is None:
+        return []
+    return [
+        "## How sure: 95% intervals",
+        "",
+        f"Each interval is the middle {settings.confidence:.0%} of {settings.resamples} resamples of the records "
+        f"(bootstrap, seed {settings.seed}, every task keeps its size), with the same records drawn for every side; "
+        "a difference of two sides is measured on those same records, so it can be narrower than the two "
+        "intervals side by side suggest. A difference whose interval covers 0 is one these records cannot tell "
+        "from chance: another draw of the data could reverse it. A candidate is at the noise floor when its "
+        "agreement interval overlaps the noise floor's. Every task's intervals are in `results.json` (`bounds`, "
+        "`differences`).",
+        "",
+        f"**{ALL}, every side:**",
+        "",
+        intervals_table(results, intervals_frame(results)),
+        "",
+        f"**{ALL}, every pair of sides run through the plugin (the first minus the second):**",
+        "",
+        differences_table(differences_frame(results)),
+        "",
+    ]
+
+
 def render_markdown(results: Results, frame: pd.DataFrame) -> str:
     written = results.file
     summary = results.data_summary
@@ -96,6 +130,8 @@ def render_markdown(results: Results, frame: pd.DataFrame) -> str:
         lines += [f"## {title}", "", intro, ""]
         for metric in metrics:
             lines += _metric_section(results, frame, metric)
+        if metrics is QUALITY_METRICS:
+            lines += interval_section(results)
     lines += [
         f"What these numbers do not show: with {smallest} records in the smallest task, one record moves that "
         f"task's accuracy by {100 / max(smallest, 1):.1f} points; agreement and KL say how close a candidate stays "

@@ -1,9 +1,11 @@
 """results.json of an evaluation run: its one shape (`ResultsFile`), which the runner fills (`results_dict`) and
 every reader validates, and the view readers use (`Results`: the eval report, `load_results` and the model card).
 
-results.json holds config, data, tasks, metrics, sides and `values[side key][task or All][metric]`; its format
-string changes whenever a reader of an older file would misread it. Fields added since the format began have
-defaults, so results.json of earlier runs still read.
+results.json holds config, data, tasks, metrics, sides and `values[side key][task or All][metric]`, and since
+intervals were added `intervals` (how they were drawn: method, confidence, resamples, seed), `bounds[side key][task
+or All][metric]` (low, high) and `differences` (every pair of plugin sides, per task and metric, with its
+interval); its format string changes whenever a reader of an older file would misread it. Fields added since the
+format began have defaults, so results.json of earlier runs still read (without intervals).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from clef_quant.bootstrap import covers_zero
 from clef_quant.documents import read_document, validated
 from clef_quant.evaluation.config import EvalConfig
 from clef_quant.evaluation.data import EvalData, records_by_task
@@ -102,6 +105,37 @@ class SideEntry(BaseModel):
     probabilities: str = ""  # RESULTS-relative path of the side's probability store
 
 
+class IntervalSettings(BaseModel):
+    model_config = _SECTION
+
+    method: str
+    confidence: float
+    resamples: int
+    seed: int
+    metrics: list[str]
+
+
+class DifferenceEntry(BaseModel):
+    """`a` minus `b` (side keys) for one task (or All) and metric, with its interval over the same resamples."""
+
+    model_config = _SECTION
+
+    a: str
+    b: str
+    task: str
+    metric: str
+    difference: float | None
+    low: float | None
+    high: float | None
+
+    @property
+    def distinguishable(self) -> bool | None:
+        """False when the interval covers 0 (the records cannot tell the two apart); None without an interval."""
+        if self.low is None or self.high is None:
+            return None
+        return not covers_zero(self.low, self.high)
+
+
 class ResultsFile(BaseModel):
     """results.json, as written and as read."""
 
@@ -116,6 +150,9 @@ class ResultsFile(BaseModel):
     metrics: list[MetricEntry] = []
     sides: list[SideEntry]
     values: dict[str, dict[str, dict[str, float | None]]]
+    intervals: IntervalSettings | None = None  # absent in files written before intervals
+    bounds: dict[str, dict[str, dict[str, list[float | None]]]] = {}
+    differences: list[DifferenceEntry] = []
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
@@ -127,8 +164,10 @@ def results_dict(
     sides: Sequence[Side],
     engine_settings: dict[str, Any],
     values: dict[str, dict[str, dict[str, float]]],
+    uncertainty: Uncertainty | None = None,
 ) -> dict[str, Any]:
-    """Everything results.json holds; `values` is `comparison.compare` of the same sides."""
+    """Everything results.json holds; `values` is `comparison.compare` of the same sides, `uncertainty` their
+    intervals (`comparison.intervals`)."""
     titles = {name: task.get("title", name) for name, task in (data.summary.get("tasks") or {}).items()}
     tasks = [
         TaskEntry(
@@ -189,7 +228,23 @@ def results_dict(
             for key, per_task in values.items()
         },
     )
+    if uncertainty is not None:
+        written.intervals = uncertainty.settings
+        written.bounds = {
+            key: {task: {m: [_json_number(x) for x in pair] for m, pair in row.items()} for task, row in per.items()}
+            for key, per in uncertainty.bounds.items()
+        }
+        written.differences = uncertainty.differences
     return written.to_json()
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """The intervals of one run, as `comparison.intervals` draws them."""
+
+    settings: IntervalSettings
+    bounds: dict[str, dict[str, dict[str, tuple[float, float]]]]  # side key -> task or All -> metric -> (low, high)
+    differences: list[DifferenceEntry]
 
 
 def _json_number(value: float) -> float | None:
@@ -288,6 +343,32 @@ class Results:
         """One number; NaN where results.json has none (null: nothing to average, or not measured)."""
         found = self.values.get(side.key, {}).get(task, {}).get(metric)
         return math.nan if found is None else float(found)
+
+    @property
+    def intervals(self) -> IntervalSettings | None:
+        """How the intervals were drawn; None for results.json written before intervals."""
+        return self.file.intervals
+
+    def bound(self, side: ResultSide, task: str, metric: str) -> tuple[float, float] | None:
+        """(low, high) of one value's interval; None where results.json has none."""
+        found = self.file.bounds.get(side.key, {}).get(task, {}).get(metric)
+        if not found or any(x is None for x in found):
+            return None
+        return float(found[0]), float(found[1])  # type: ignore[arg-type]
+
+    def differences(self, task: str = ALL) -> list[DifferenceEntry]:
+        return [d for d in self.file.differences if d.task == task]
+
+    def at_floor(self, side: ResultSide, task: str = ALL) -> bool | None:
+        """Whether `side`'s agreement interval overlaps the noise floor's (it cannot be told from the engine's own
+        noise); None without a noise floor or intervals."""
+        floor = self.noise_floor
+        if floor is None:
+            return None
+        own, theirs = self.bound(side, task, "agreement"), self.bound(floor, task, "agreement")
+        if own is None or theirs is None:
+            return None
+        return own[0] <= theirs[1] and theirs[0] <= own[1]
 
 
 def results_json_path(path: Path) -> Path:

@@ -7,7 +7,8 @@ Sequence:
    the noise floor (the same bf16 folder through the vLLM plugin) and each candidate (through the plugin).
 3. For each side, look every record up in its probability store; score only the missing ones, one side at a time
    (one model in memory), task by task, appending to the store after every batch.
-4. Compare each side with the reference per task and for All, with every metric of the registry.
+4. Compare each side with the reference per task and for All, with every metric of the registry; draw the
+   intervals of the question means and of every pair of plugin sides' differences (paired bootstrap over records).
 The noise floor row tells quantization damage from what the serving engine alone changes.
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from clef_quant.evaluation.comparison import compare
+from clef_quant.evaluation.comparison import compare, intervals
 from clef_quant.evaluation.config import EvalConfig
 from clef_quant.evaluation.data import EvalData, EvalRecord, read_eval_data, records_by_task
 from clef_quant.evaluation.engines import EngineProvider, FreshEngines
@@ -130,7 +131,8 @@ def run_eval(
         gc.collect()
 
     values = compare(sides, data, stores)
-    return EvalRun(results=results_dict(config, data, sides, engines.settings, values), sides=sides)
+    uncertainty = intervals(sides, data, stores)
+    return EvalRun(results=results_dict(config, data, sides, engines.settings, values, uncertainty), sides=sides)
 
 
 def _reference_scoring(scorer: Any) -> Callable[..., list[tuple[list[list[float]], float]]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from clef_quant.evaluation.metrics import Metric, format_value
+from clef_quant.evaluation.metrics import METRIC_BY_NAME, Metric, format_value
 from clef_quant.evaluation.results import ALL, Results, ResultSide
 from clef_quant.formatting import markdown_table
 
@@ -89,3 +89,81 @@ def sides_table(results: Results) -> str:
     ]
     header = ["side", "runs as", "folder", "model sha256", "records scored / reused"]
     return markdown_table(header, rows, "llllr")
+
+
+# -- intervals ------------------------------------------------------------------------------------------------
+
+INDISTINGUISHABLE = "indistinguishable: the interval covers 0, so these records cannot tell the two apart"
+
+
+def with_interval(metric: Metric, value: float, low: float, high: float) -> str:
+    """`72.2% [61.1%, 81.9%]`: a value and its interval, in the metric's format."""
+    return f"{format_value(metric, value)} [{format_value(metric, low)}, {format_value(metric, high)}]"
+
+
+def signed(metric: Metric, value: float) -> str:
+    """A difference: `+4.2 pts` for a percentage, `-1.3e-03` otherwise."""
+    if metric.percent:
+        return f"{100 * value:+.1f} pts"
+    return f"{value:+.2e}"
+
+
+def verdict(metric: Metric, a: str, b: str, difference: float, distinguishable: bool) -> str:
+    """What a difference says, in words."""
+    if not distinguishable:
+        return INDISTINGUISHABLE
+    better = a if (difference > 0) == (metric.direction == "higher") else b
+    return f"{better} {'more accurate' if not metric.compares else 'closer to bf16'}"
+
+
+def floor_words(results: Results, side: ResultSide, task: str = ALL) -> str:
+    """Whether a candidate can be told from the noise floor by its agreement interval."""
+    at_floor = results.at_floor(side, task)
+    if at_floor is None:
+        return "n/a"
+    if at_floor:
+        return "at the floor: its agreement interval overlaps the noise floor's"
+    return "below the floor: its agreement interval lies under the noise floor's"
+
+
+def intervals_table(results: Results, frame: pd.DataFrame, task: str = ALL) -> str:
+    """One row per side: every metric with an interval, as `value [low, high]`; a candidate's floor verdict."""
+    indexed = frame[frame["task"] == task].set_index(["side_key", "metric"])
+    metrics = [METRIC_BY_NAME[name] for name in dict.fromkeys(frame["metric"])]
+    rows = []
+    for side in results.sides:
+        cells = [cell(side.name)]
+        for metric in metrics:
+            if not measures(side, metric) or (side.key, metric.name) not in indexed.index:
+                cells.append("—")
+                continue
+            row = indexed.loc[(side.key, metric.name)]
+            cells.append(with_interval(metric, row["value"], row["low"], row["high"]))
+        cells.append(floor_words(results, side, task) if side.is_candidate else "—")
+        rows.append(cells)
+    header = ["side", *[cell(f"{m.title} {ARROWS[m.direction]}") for m in metrics], "against the noise floor"]
+    return markdown_table(header, rows, "l" + "r" * len(metrics) + "l")
+
+
+def differences_table(differences: pd.DataFrame, task: str = ALL, side: str | None = None) -> str:
+    """Paired differences of one task (All by default): every pair, or only the pairs of side key `side`, turned
+    so that `side` comes first."""
+    rows = []
+    for d in differences[differences["task"] == task].itertuples():
+        a, b, low, high, difference = d.a, d.b, d.low, d.high, d.difference
+        if side is not None:
+            if side not in (d.a_key, d.b_key):
+                continue
+            if d.b_key == side:
+                a, b, low, high, difference = d.b, d.a, -d.high, -d.low, -d.difference
+        metric = METRIC_BY_NAME[d.metric]
+        rows.append(
+            [
+                cell(f"{a} − {b}"),
+                cell(metric.title),
+                signed(metric, difference),
+                f"[{signed(metric, low)}, {signed(metric, high)}]",
+                cell(verdict(metric, a, b, difference, bool(d.distinguishable))),
+            ]
+        )
+    return markdown_table(["difference", "metric", "value", "95% interval", "what it says"], rows, "llrrl")

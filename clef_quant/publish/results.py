@@ -19,11 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 from clef_quant import shipped
 from clef_quant.evaluation.errors import DataError
-from clef_quant.evaluation.frames import probabilities_frame, values_frame
+from clef_quant.evaluation.frames import differences_frame, intervals_frame, probabilities_frame, values_frame
 from clef_quant.evaluation.metrics import METRIC_BY_NAME, QUALITY_METRICS, SPEED_METRICS, format_value
 from clef_quant.evaluation.results import ALL, RESULTS_JSON, MetricEntry, Results, ResultSide, ResultTask
 from clef_quant.evaluation.results import read_results as read_eval_results
-from clef_quant.evaluation.tables import side_groups_table, sides_table
+from clef_quant.evaluation.tables import (
+    differences_table,
+    floor_words,
+    intervals_table,
+    side_groups_table,
+    sides_table,
+    with_interval,
+)
 from clef_quant.publish.errors import PublishError
 from clef_quant.release_folder.fingerprints import manifest_fingerprint
 from clef_quant.release_folder.manifest import Manifest
@@ -130,6 +137,36 @@ class EvalResults:
     @property
     def speed_table(self) -> str:
         return side_groups_table(self.results, self.frame, SPEED_METRICS)
+
+    # -- intervals (none in results.json written before them: the card then leaves their section out) ----------
+
+    @property
+    def intervals(self) -> dict[str, Any] | None:
+        """How the intervals were drawn (confidence, resamples, seed), or None without intervals."""
+        settings = self.results.intervals
+        return settings.model_dump() if settings is not None else None
+
+    @property
+    def intervals_table(self) -> str:
+        return intervals_table(self.results, intervals_frame(self.results))
+
+    @property
+    def differences_table(self) -> str:
+        """This release against the noise floor and every other candidate, All."""
+        return differences_table(differences_frame(self.results), side=self.this.key)
+
+    @property
+    def floor_verdict(self) -> str:
+        """Whether this release can be told from the noise floor, in words (All)."""
+        return floor_words(self.results, self.this)
+
+    @property
+    def example_interval(self) -> str:
+        """This release's KL over All with its interval: the card's example of how to read one."""
+        bound = self.results.bound(self.this, ALL, "kl")
+        if bound is None:
+            return ""
+        return with_interval(METRIC_BY_NAME["kl"], self.value(self.this, ALL, "kl"), *bound)
 
     @cached_property
     def stored(self) -> pd.DataFrame:

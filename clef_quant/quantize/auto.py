@@ -10,9 +10,13 @@ is the cheapest one that reaches the target):
 - `--max-size-gb Y`: upgrade while the predicted backbone size stays at most Y (10^9 bytes); the most
   KL per byte is bought first, so at a fixed size this is the greedy answer to "least KL".
 
-Summing unit KLs assumes the units' errors add up; the scan measures each unit alone. `clef-quant eval`
-measures the result. The recipe (rendered from the shipped template `recipes/auto.yaml.j2`) says, per unit,
-what was chosen and the scan numbers behind it, and is saved verbatim as the output folder's `recipe.yaml`.
+Summing unit KLs assumes the units' errors add up; the scan measures each unit alone, on a few held-out records.
+The choice is one for the size (or KL) it was made for: another target moves other units. Where a unit kept at
+the smallest scheme and a unit moved up cannot be ranked by the scan (the 95% interval of their paired KL
+difference over the held-out records covers 0, `sensitivity.py`), the recipe says so: swapping them is as
+justified by the scan. `clef-quant eval` measures the result. The recipe (rendered from the shipped template
+`recipes/auto.yaml.j2`) says, per unit, what was chosen and the scan numbers behind it, and is saved verbatim as
+the output folder's `recipe.yaml`.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant import shipped
+from clef_quant.bootstrap import Bootstrap
 from clef_quant.quantize import registry
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, recipe_environment
 from clef_quant.quantize.release_files import backbone_bytes
 from clef_quant.quantize.scan_file import GROUPS, ScanFile, config_sha256, read_scan
 from clef_quant.quantize.schemes import BF16
+from clef_quant.quantize.sensitivity import indistinguishable_pairs
 
 TEMPLATE = "auto.yaml.j2"
 # The decoder Linear layers of one group of one layer, in transformers' and vLLM's spellings (see the hybrid).
@@ -62,10 +68,16 @@ class UnitChoice:
     saved: dict[str, int]  # per option: bytes saved against bf16
     flips: dict[str, int]
     questions: int
+    interval: dict[str, tuple[float, float] | None]  # per rung label: the scan's 95% interval of its KL
+    ties: tuple[str, ...] = ()  # units across the choice's line that the scan cannot rank against this one
 
     @property
     def target(self) -> str:
         return target_pattern(self.layer, self.group)
+
+    @property
+    def name(self) -> str:
+        return f"layer {self.layer} {self.group}"
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,8 @@ class AutoPlan:
     predicted_bytes: int  # backbone bytes on disk, predicted
     source_bytes: int
     target: str  # "--max-kl 0.01" or "--max-size-gb 1.2"
+    ties: int | None = None  # pairs (one kept at the smallest scheme, one moved up) the scan cannot rank; None:
+    # the scan has no per-record KLs (written before intervals)
 
     def counts(self) -> dict[str, int]:
         counts = {**{rung.label: 0 for rung in ladder()}, BF16: 0}
@@ -147,6 +161,10 @@ def choose(
         state[key] = better
         kl -= gain
         size += cost
+    keys = sorted(units, key=lambda k: (k[0], list(GROUPS).index(k[1])))
+    if all(state[key] == BF16 for key in keys):
+        raise QuantizeError(f"--max-kl {max_kl:g} leaves every unit bf16: nothing to quantize")
+    ties = _ties(scan_file, units, state, smallest)
     choices = [
         UnitChoice(
             layer=key[0],
@@ -156,13 +174,46 @@ def choose(
             saved=units[key]["saved"],
             flips=units[key]["flips"],
             questions=units[key]["questions"],
+            interval=units[key]["interval"],
+            ties=tuple(f"layer {k[0]} {k[1]}" for k in sorted(ties.get(key, []) if ties else [], key=keys.index)),
         )
-        for key in sorted(units, key=lambda k: (k[0], list(GROUPS).index(k[1])))
+        for key in keys
     ]
-    if all(c.choice == BF16 for c in choices):
-        raise QuantizeError(f"--max-kl {max_kl:g} leaves every unit bf16: nothing to quantize")
     target = f"--max-kl {max_kl:g}" if max_kl is not None else f"--max-size-gb {max_size_bytes / 1e9:g}"
-    return AutoPlan(choices, max(kl, 0.0), size, source_bytes, target)
+    pairs = None if ties is None else sum(len(v) for v in ties.values()) // 2
+    return AutoPlan(choices, max(kl, 0.0), size, source_bytes, target, pairs)
+
+
+def _ties(
+    scan_file: ScanFile, units: dict[tuple[int, str], dict[str, Any]], state: dict[tuple[int, str], str], smallest: str
+) -> dict[tuple[int, str], list[tuple[int, str]]] | None:
+    """For each unit, the units on the other side of the choice (kept at `smallest` / moved up) whose KL under
+    `smallest` the scan cannot tell from its own; None when the scan has no per-record KLs."""
+    kept = [key for key in units if state[key] == smallest]
+    moved = [key for key in units if state[key] != smallest]
+    index = {id(unit): n for n, unit in enumerate(scan_file.units)}
+    position = {key: index[id(units[key]["result"][smallest])] for key in units}
+    pairs = [(position[a], position[b]) for a in kept for b in moved]
+    found = indistinguishable_pairs(scan_file.units, pairs, scan_file.record_questions, _bootstrap(scan_file))
+    if found is None:
+        return None
+    by_position = {position[key]: key for key in units}
+    ties: dict[tuple[int, str], list[tuple[int, str]]] = {}
+    for a, b in found:
+        ties.setdefault(by_position[a], []).append(by_position[b])
+        ties.setdefault(by_position[b], []).append(by_position[a])
+    return ties
+
+
+def _bootstrap(scan_file: ScanFile) -> Bootstrap:
+    """The draws the scan's intervals were made with (the defaults for a scan that names none)."""
+    default = Bootstrap()
+    settings = scan_file.intervals
+    return Bootstrap(
+        confidence=float(settings.get("confidence", default.confidence)),
+        resamples=int(settings.get("resamples", default.resamples)),
+        seed=int(settings.get("seed", default.seed)),
+    )
 
 
 def _units(scan_file: ScanFile) -> dict[tuple[int, str], dict[str, Any]]:
@@ -174,9 +225,19 @@ def _units(scan_file: ScanFile) -> dict[tuple[int, str], dict[str, Any]]:
             continue
         entry = found.setdefault(
             (unit.layer, unit.group),
-            {"kl": {BF16: 0.0}, "saved": {BF16: 0}, "flips": {BF16: 0}, "questions": unit.questions},
+            {
+                "kl": {BF16: 0.0},
+                "saved": {BF16: 0},
+                "flips": {BF16: 0},
+                "questions": unit.questions,
+                "interval": {BF16: None},
+                "result": {},
+            },
         )
         entry["kl"][label] = unit.kl_mean
+        interval = None if unit.kl_low is None or unit.kl_high is None else (unit.kl_low, unit.kl_high)
+        entry["interval"][label] = interval
+        entry["result"][label] = unit
         entry["saved"][label] = unit.bytes_saved
         entry["flips"][label] = unit.flips
     wanted = {*(rung.label for rung in rungs), BF16}
@@ -207,6 +268,8 @@ def render_recipe(plan: AutoPlan, scan_path: Path, scan_file: ScanFile) -> str:
         predicted_kl=plan.predicted_kl,
         predicted_bytes=plan.predicted_bytes,
         source_bytes=plan.source_bytes,
+        smallest=ladder()[0],
+        ties=plan.ties,
     )
 
 

@@ -16,10 +16,11 @@ activations are quantized by the same forward with the same (static or dynamic) 
 compares a scanned unit's weights with the dequantized weights of a `clef-quant quantize` folder.
 
 Numbers per unit: mean KL(bf16 || unit quantized) over every question of the held-out records (the last
-`heldout` requests of the calibration file, never used to calibrate), top-1 flips, and bytes saved (bf16 weight
-bytes minus what the scheme stores: packed values plus scale tensors). Results go to `scan.json` after every
-unit (atomic rename), so an interrupted scan resumes where it stopped; `scan.csv`, `scan.md` and `scan.png`
-are written at the end.
+`heldout` requests of the calibration file, never used to calibrate) with its 95% interval over those records
+(`sensitivity.py`), each record's KL (so two units can be compared on the same records), top-1 flips, and bytes
+saved (bf16 weight bytes minus what the scheme stores: packed values plus scale tensors). Results go to
+`scan.json` after every unit (atomic rename), so an interrupted scan resumes where it stopped; `scan.csv`,
+`scan.md` and `scan.png` are written at the end.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
+from clef_quant.bootstrap import Bootstrap
 from clef_quant.families import text_config
 from clef_quant.progress import NoProgress, Progress
 from clef_quant.quantize import registry
@@ -51,6 +53,7 @@ from clef_quant.quantize.scan_file import (
     write_scan,
 )
 from clef_quant.quantize.scan_report import write_reports
+from clef_quant.quantize.sensitivity import bootstrap_settings, kl_interval
 from clef_quant.release import resolve_release
 from clef_quant.release_folder.outputs import check_output_folder
 
@@ -218,6 +221,10 @@ def _run_units(
 
     calibration = encode(calibration_bodies)
     heldout = encode(heldout_bodies)
+    questions = [len(e.option_spans) for e in heldout]
+    bootstrap = Bootstrap()
+    scan_file.record_questions = questions
+    scan_file.intervals = bootstrap_settings(bootstrap)
     summary = CalibrationSummary.unused(config.max_seq_len)
     calibration_set = CalibrationSet([e.input_ids for e in calibration], summary)
     head = load_head(find_head_dir(source_dir), dtype=torch.bfloat16, device=config.device)
@@ -256,7 +263,8 @@ def _run_units(
             for name in names:
                 modules[name].weight.data.copy_(originals[name])
                 modules[name].quantization_enabled = False
-            kls, flips = _compare(reference, candidate)
+            kls, flips, record_kl = _compare(reference, candidate)
+            low, high = kl_interval(record_kl, questions, bootstrap)
             params = sum(modules[n].weight.numel() for n in names)
             bf16 = sum(modules[n].weight.numel() * 2 for n in names)
             scan_file.units.append(
@@ -274,6 +282,9 @@ def _run_units(
                     flips=flips,
                     questions=len(kls),
                     seconds=round(time.perf_counter() - unit_started, 3),
+                    kl_low=low,
+                    kl_high=high,
+                    record_kl=record_kl,
                 )
             )
             write_scan(out / SCAN_JSON, scan_file)  # after every unit: an interrupted scan resumes here
@@ -349,13 +360,16 @@ def _probabilities(model: Any, head: Any, encodings: list[Any], device: str) -> 
     return results
 
 
-def _compare(reference: list[list[Any]], candidate: list[list[Any]]) -> tuple[list[float], int]:
+def _compare(reference: list[list[Any]], candidate: list[list[Any]]) -> tuple[list[float], int, list[float]]:
+    """Every question's KL, the top-1 flips, and per record the sum of its questions' KL."""
     from clef_quant.divergences import kl_divergence
 
     kls: list[float] = []
+    record_kl: list[float] = []
     flips = 0
     for ref_record, cand_record in zip(reference, candidate, strict=True):
-        for p, q in zip(ref_record, cand_record, strict=True):
-            kls.append(kl_divergence(p, q))
-            flips += int(p.argmax() != q.argmax())
-    return kls, flips
+        own = [kl_divergence(p, q) for p, q in zip(ref_record, cand_record, strict=True)]
+        flips += sum(int(p.argmax() != q.argmax()) for p, q in zip(ref_record, cand_record, strict=True))
+        kls += own
+        record_kl.append(float(sum(own)))
+    return kls, flips, record_kl

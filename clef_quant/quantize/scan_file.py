@@ -1,7 +1,8 @@
 """`scan.json`: the file a sensitivity scan writes and `quantize --scheme auto` reads.
 
 One `UnitResult` per (layer, group, scheme); `ScanSettings` are what must match for a rerun to resume an earlier
-file; `config_sha256` ties the file to one checkpoint shape.
+file; `config_sha256` ties the file to one checkpoint shape. Fields added since the format began (the intervals)
+have defaults, so scan.json of earlier runs still reads.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ class UnitResult(BaseModel):
     flips: int
     questions: int
     seconds: float
+    # Since intervals: the 95% interval of kl_mean over the held-out records, and per held-out record the sum of
+    # its questions' KL (what a paired comparison of two units resamples). None in scans written before them.
+    kl_low: float | None = None
+    kl_high: float | None = None
+    record_kl: list[float] | None = None
 
 
 class ScanSettings(BaseModel):
@@ -71,6 +77,8 @@ class ScanFile(BaseModel):
     device: str
     units: list[UnitResult] = []
     seconds: dict[str, float] = {}
+    record_questions: list[int] = []  # questions of each held-out record, in order (empty before intervals)
+    intervals: dict[str, float | int] = {}  # confidence, resamples, seed of the units' intervals
 
     def unit(self, layer: int, group: str, scheme: str) -> UnitResult | None:
         return next(

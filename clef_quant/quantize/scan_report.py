@@ -13,7 +13,7 @@ from clef_quant.quantize.scan_file import GROUPS, SCAN_CSV, SCAN_MD, SCAN_PNG, S
 def scan_frame(scan_file: ScanFile) -> Any:
     import pandas as pd
 
-    rows = [u.model_dump(exclude={"modules"}) | {"modules": len(u.modules)} for u in scan_file.units]
+    rows = [u.model_dump(exclude={"modules", "record_kl"}) | {"modules": len(u.modules)} for u in scan_file.units]
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
@@ -37,22 +37,40 @@ def render_markdown(scan_file: ScanFile, frame: Any) -> str:
         f"# Sensitivity scan of {scan_file.source}",
         "",
         f"{scan_file.settings.heldout} held-out records, {scan_file.settings.calibration_records} calibration "
-        f"records, device {scan_file.device}. KL: mean KL(bf16 || unit quantized) over every question; "
-        "flips: questions whose top-1 option changed.",
+        f"records, device {scan_file.device}. KL: mean KL(bf16 || unit quantized) over every question, with "
+        f"{_interval_words(scan_file)}; flips: questions whose top-1 option changed.",
         "",
         markdown_table(
-            ["layer", "group", "scheme", "KL mean", "KL max", "flips", "MB saved", "seconds"],
+            ["layer", "group", "scheme", "KL mean", "KL 95% interval", "KL max", "flips", "MB saved", "seconds"],
             [
                 [
-                    row.layer, row.group, row.scheme, f"{row.kl_mean:.3e}", f"{row.kl_max:.3e}",
+                    row.layer, row.group, row.scheme, f"{row.kl_mean:.3e}", interval_cell(row), f"{row.kl_max:.3e}",
                     f"{row.flips}/{row.questions}", f"{row.bytes_saved / 1e6:.3f}", f"{row.seconds:.1f}",
                 ]
                 for row in frame.itertuples()
             ],
-            "rllrrrrr",
+            "rllrrrrrr",
         ),
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _interval_words(scan_file: ScanFile) -> str:
+    found = scan_file.intervals
+    if not found:
+        return "no interval (a scan written before intervals)"
+    return (
+        f"its 95% interval over the held-out records (bootstrap: {found.get('resamples')} resamples of the records, "
+        f"seed {found.get('seed')}); two units whose intervals overlap may rank either way on other records"
+    )
+
+
+def interval_cell(row: Any) -> str:
+    """`[low, high]` of a unit's KL, or a dash for a scan written before intervals."""
+    low, high = getattr(row, "kl_low", None), getattr(row, "kl_high", None)
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return "—"
+    return f"[{low:.2e}, {high:.2e}]"
 
 
 def plot_heatmap(frame: Any, path: Path, *, title: str) -> None:
