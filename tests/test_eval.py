@@ -55,7 +55,7 @@ def cli(*args: str) -> Any:
 def build(out: Path, *extra: str) -> Any:
     return cli(
         "build-data", "--out", str(out), "--source", str(FIXTURES),
-        "--per-task", str(PER_TASK), "--calibration", str(CALIBRATION), *extra,
+        "--per-task", str(PER_TASK), "--calibration-count", str(CALIBRATION), *extra,
     )  # fmt: skip
 
 
@@ -132,7 +132,7 @@ def test_a_text_in_both_splits_is_kept_out_of_calibration(tmp_path: Path) -> Non
     # The fixture's BANKING77 test and train splits share one text (row 0), as the real splits share a few.
     result = cli(
         "build-data", "--out", str(tmp_path / "d"), "--source", str(FIXTURES), "--task", "banking77",
-        "--per-task", "32", "--calibration", "32",
+        "--per-task", "32", "--calibration-count", "32",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     task = json.loads((tmp_path / "d" / "summary.json").read_text())["tasks"]["banking77"]
@@ -169,7 +169,7 @@ def test_source_fixtures_reads_the_shipped_rows(data_dir: Path, tmp_path: Path) 
     # `--source fixtures` is how an installed clef-quant reaches eval/fixtures; it must be the same data.
     result = cli(
         "build-data", "--out", str(tmp_path / "d"), "--source", "fixtures",
-        "--per-task", str(PER_TASK), "--calibration", str(CALIBRATION),
+        "--per-task", str(PER_TASK), "--calibration-count", str(CALIBRATION),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     for name in ("calibration.jsonl", *(f"eval/{p.name}" for p in (data_dir / "eval").glob("*.jsonl"))):

@@ -103,7 +103,7 @@ class SharedEngines:
 def results_dir(tiny_dir: Path, quantized_dir: Any, clef_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real RESULTS folder: build-data on the fixtures, then eval of the tiny FP8_DYNAMIC folder."""
     root = tmp_path_factory.mktemp("release-eval")
-    built = cli("build-data", "--out", root / "data", "--source", FIXTURES, "--per-task", PER_TASK, "--calibration", 0)
+    built = cli("build-data", "--out", root / "data", "--source", FIXTURES, "--per-task", PER_TASK, "--calibration-count", 0)
     assert built.exit_code == 0, built.output
     config = EvalConfig(
         reference=str(tiny_dir),
@@ -243,7 +243,7 @@ def test_card_prose_says_what_the_release_is(
     assert reproduce == [
         f"clef-quant make-tiny {tiny_dir} --size tiny --seed 0",
         f"clef-quant build-data --out {results_dir.parent / 'data'} --source fixtures --per-task {PER_TASK} "
-        "--calibration 0 --seed 0",
+        "--calibration-count 0 --seed 0",
         f"clef-quant quantize {tiny_dir} --scheme fp8-dynamic --out {folder}",
         f"clef-quant eval --reference {tiny_dir} --candidate {quantized_dir('fp8-dynamic')} "
         f"--data {results_dir.parent / 'data'} --out {results_dir} --max-model-len 4096 --enforce-eager",

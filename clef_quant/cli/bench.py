@@ -12,18 +12,21 @@ from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import (
-    MAX_SEQ_LEN_HELP,
     BatchSizeRetiredOption,
     EnforceEagerOption,
+    calibration_records_option,
     device_option,
     dtype_option,
     eager_engine_kwargs,
+    max_model_len_option,
+    max_seq_len_option,
     scheme_option,
     warn_batch_size_retired,
 )
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import LLM_COMPRESSOR_QUIET, VLLM_QUIET, quiet_tools, stage_line
 from clef_quant.formatting import binary_size
+from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN
 from clef_quant.quantize.recipes import AUTO_SCHEME
 from clef_quant.quantize.registry import schemes as scheme_registry
 
@@ -129,7 +132,7 @@ def serve(
     clients: Annotated[
         int | None, typer.Option(min=1, help="Concurrent HTTP clients.", show_default="32; 4 with --long-inputs")
     ] = None,
-    max_model_len: Annotated[int, typer.Option(min=256, help="Maximum prompt length in tokens of every side.")] = 4096,
+    max_model_len: Annotated[int, max_model_len_option("Maximum prompt length in tokens of every side.")] = 4096,
     max_num_batched_tokens: Annotated[
         int, typer.Option(min=256, help="Tokens per engine step of the batched (--no-batch-invariant) runs.")
     ] = 8192,
@@ -221,7 +224,7 @@ def throughput(
     image_records: Annotated[
         int, typer.Option(min=0, help="Generated records with one image each, timed as their own row (0: none).")
     ] = 16,
-    max_model_len: Annotated[int, typer.Option(min=256, help="Maximum prompt length for both sides.")] = 4096,
+    max_model_len: Annotated[int, max_model_len_option("Maximum prompt length for both sides.")] = 4096,
     device: Annotated[
         str, device_option("Where the reference runs: cpu, cuda or cuda:N (the plugin runs where vLLM runs).")
     ] = "cpu",
@@ -313,10 +316,10 @@ def quantize(
     scan: Annotated[
         Path | None, typer.Option(help="scan.json of this model: adds `auto` at the size of nvfp4-hybrid.")
     ] = None,
-    calibration_records: Annotated[int, typer.Option(min=1, help="Calibration records for every scheme.")] = 16,
-    max_seq_len: Annotated[int, typer.Option(min=16, help=MAX_SEQ_LEN_HELP)] = 2048,
+    calibration_records: Annotated[int, calibration_records_option("Calibration records for every scheme.")] = 16,
+    max_seq_len: Annotated[int, max_seq_len_option()] = DEFAULT_MAX_SEQ_LEN,
     max_model_len: Annotated[
-        int | None, typer.Option(min=256, help="Prompt length limit for evaluation.", show_default="4096")
+        int | None, max_model_len_option("Prompt length limit for evaluation.", show_default="4096")
     ] = None,
     device: Annotated[
         str | None,

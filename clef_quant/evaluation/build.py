@@ -36,7 +36,7 @@ DEFAULT_CALIBRATION = 512
 class BuildConfig:
     out: Path
     per_task: int = DEFAULT_PER_TASK
-    calibration: int = DEFAULT_CALIBRATION
+    calibration_count: int = DEFAULT_CALIBRATION
     seed: int = 0
     source: str = HUB
     tokenizer: Path | None = None  # a release folder: lengths in tokens instead of characters
@@ -99,16 +99,16 @@ def build_data(
             return build_data(replace(config, source=str(folder)), tasks, progress)
     if config.per_task < 1:
         raise DataError("--per-task must be at least 1")
-    if config.calibration < 0:
-        raise DataError("--calibration must be 0 or more")
+    if config.calibration_count < 0:
+        raise DataError("--calibration-count must be 0 or more")
     out = Path(config.out)
     check_output(out, "build-data", config.overwrite)
     if config.source != HUB:
-        check_local_source(Path(config.source), tasks, calibration=config.calibration > 0)
+        check_local_source(Path(config.source), tasks, calibration=config.calibration_count > 0)
     encoder = Encoder(config.tokenizer, max_length=UNCUT) if config.tokenizer is not None else None
 
     progress = progress or NoProgress()
-    quotas = calibration_quotas(tasks, config.calibration)
+    quotas = calibration_quotas(tasks, config.calibration_count)
     exclude: set[str] = set()
     samples = []
     for task in tasks:
@@ -158,7 +158,7 @@ def build_data(
         "source": config.source if config.source == HUB else shipped.display(Path(config.source)),
         "seed": config.seed,
         "per_task": config.per_task,
-        "calibration_requested": config.calibration,
+        "calibration_requested": config.calibration_count,
         "length_unit": "tokens" if encoder is not None else "characters",
         "tokenizer": str(config.tokenizer) if config.tokenizer else None,
         "counts": {

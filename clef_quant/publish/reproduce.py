@@ -63,7 +63,7 @@ def _build_data(results: EvalResults) -> str:
         # The shipped fixtures are recorded by their repository path; `fixtures` names them wherever clef-quant runs.
         shipped_fixtures = summary["source"] == shipped.display(shipped.fixtures())
         words += ["--source", FIXTURES if shipped_fixtures else summary["source"]]
-    for flag, key in (("--per-task", "per_task"), ("--calibration", "calibration_requested"), ("--seed", "seed")):
+    for flag, key in (("--per-task", "per_task"), ("--calibration-count", "calibration_requested"), ("--seed", "seed")):
         if summary.get(key) is not None:
             words += [flag, summary[key]]
     tasks = list(summary.get("tasks") or {})

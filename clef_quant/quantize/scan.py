@@ -33,7 +33,13 @@ from typing import Any
 
 from clef_quant.progress import NoProgress, Progress
 from clef_quant.quantize import registry
-from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, DEFAULT_MAX_SEQ_LEN, draw, read_calibration_file
+from clef_quant.quantize.calibration import (
+    DEFAULT_CALIBRATION_FILE,
+    DEFAULT_MAX_SEQ_LEN,
+    check_calibration_settings,
+    draw,
+    read_calibration_file,
+)
 from clef_quant.quantize.compress import decoder_layers_path, load_model, run_oneshot
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inputs import bf16_source_config, check_device
@@ -139,16 +145,12 @@ def _is_linear(layer_types: list[str], layer: int) -> bool:
 
 def _check(config: ScanConfig) -> tuple[Path, dict[str, Any], list[dict], list[dict], ScanSettings]:
     check_output_folder(Path(config.out))
-    scannable = registry.schemes().scannable()
-    bad = [s for s in config.schemes if s not in scannable]
-    if bad:
-        raise QuantizeError(f"cannot scan {', '.join(bad)}; choose one of {', '.join(scannable)}")
+    registry.schemes().check_scannable(config.schemes)
     if not config.schemes:
         raise QuantizeError("give at least one --scheme to scan")
     if config.heldout < 1:
         raise QuantizeError("--heldout must be at least 1")
-    if config.calibration_records < 1:
-        raise QuantizeError("--calibration-records must be at least 1")
+    check_calibration_settings(config.calibration_records, config.max_seq_len)
     check_device(config.device)
     source_dir = resolve_release(config.source, config.revision).absolute()
     source_config = bf16_source_config(source_dir, "scan")
