@@ -50,6 +50,7 @@ from clef_quant.release_folder.versions import tool_versions
 from clef_quant.throughput_report import ThroughputResult, report_facts, results_table
 from clef_quant.tiny.card import made_by_make_tiny
 from clef_vllm.head_files import HEAD_WEIGHTS, head_prefix
+from clef_vllm.plugin import ARCHITECTURE
 
 if TYPE_CHECKING:
     pass
@@ -265,6 +266,7 @@ def card_context(
             throughput_command=throughput["command"] if throughput and throughput["rows"] else None,
         ),
         "example_request": json.dumps({**EXAMPLE_REQUEST, "model": name}, indent=2),
+        "architecture_override": json.dumps({"architectures": [ARCHITECTURE]}),
     }
 
 
