@@ -31,6 +31,7 @@ def card_environment() -> jinja2.Environment:
     env.filters["count"] = count
     env.filters["thousands"] = lambda n: f"{n:,}"
     env.filters["pct"] = lambda v: f"{100 * v:.1f}%"
+    env.filters["known"] = lambda value: "?" if value is None else value  # a fact an older file does not have
     env.filters["plural"] = lambda n, word: f"{n:,} {word}" + ("" if n == 1 else "s")
     return env
 

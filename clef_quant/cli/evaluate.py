@@ -100,14 +100,14 @@ def build_data(
     table = Table(title=f"wrote {result.out}", title_justify="left")
     for column in ("task", "dataset", "eval split", "eval records", "calibration split", "calibration records"):
         table.add_column(column, justify="right" if "records" in column else "left")
-    for name, entry in result.summary["tasks"].items():
+    for name, entry in result.summary.tasks.items():
         table.add_row(
             name,
-            entry["dataset"]["id"],
-            entry["eval"]["split"],
-            str(entry["eval"]["records"]),
-            entry["calibration"]["split"],
-            str(entry["calibration"]["records"]),
+            entry.dataset.id or "",
+            entry.eval.split or "",
+            str(entry.eval.records),
+            entry.calibration.split or "",
+            str(entry.calibration.records),
         )
     results_console().print(table)
 

@@ -59,19 +59,23 @@ def _join(*words: Any) -> str:
 def _build_data(results: EvalResults) -> str:
     summary = results.data_summary
     words: list[Any] = ["clef-quant", "build-data", "--out", results.results.file.data.folder or "data"]
-    if summary.get("source") and summary["source"] != HUB:
+    if summary.source and summary.source != HUB:
         # The shipped fixtures are recorded by their repository path; `fixtures` names them wherever clef-quant runs.
-        shipped_fixtures = summary["source"] == shipped.display(shipped.fixtures())
-        words += ["--source", FIXTURES if shipped_fixtures else summary["source"]]
-    for flag, key in (("--per-task", "per_task"), ("--calibration-count", "calibration_requested"), ("--seed", "seed")):
-        if summary.get(key) is not None:
-            words += [flag, summary[key]]
-    tasks = list(summary.get("tasks") or {})
+        shipped_fixtures = summary.source == shipped.display(shipped.fixtures())
+        words += ["--source", FIXTURES if shipped_fixtures else summary.source]
+    for flag, value in (
+        ("--per-task", summary.per_task),
+        ("--calibration-count", summary.calibration_requested),
+        ("--seed", summary.seed),
+    ):
+        if value is not None:
+            words += [flag, value]
+    tasks = list(summary.tasks)
     if tasks and set(tasks) != {task.name for task in load_tasks()}:  # every default task needs no --task
         for task in tasks:
             words += ["--task", task]
-    if summary.get("tokenizer"):
-        words += ["--tokenizer", summary["tokenizer"]]
+    if summary.tokenizer:
+        words += ["--tokenizer", summary.tokenizer]
     return _join(*words)
 
 
