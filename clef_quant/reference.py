@@ -28,6 +28,31 @@ from clef_vllm.request import ClefRequest
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
+@torch.inference_mode()
+def record_hidden_states(model: Any, encoding: Encoding, device: torch.device | str) -> torch.Tensor:
+    """Final normed hidden states of one record's tokens, the record alone in its forward pass (no padding)."""
+    ids = torch.tensor([encoding.input_ids], device=device)
+    if not encoding.media_inputs:
+        text_model = model.model.language_model
+        return text_model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).last_hidden_state[0]
+    inputs = {k: v.to(device) for k, v in encoding.media_inputs.items() if isinstance(v, torch.Tensor)}
+    for key in ("pixel_values", "pixel_values_videos"):
+        if key in inputs:
+            inputs[key] = inputs[key].to(model.dtype)
+    out = model.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **inputs)
+    return out.last_hidden_state[0]
+
+
+@torch.inference_mode()
+def record_logits(model: Any, head: Any, encoding: Encoding, device: torch.device | str) -> torch.Tensor:
+    """One record's flat option logits (questions and options in model order), on `device`: the one way the
+    transformers side scores a record, for eval's reference and for scan's bf16 and fake-quantized models alike."""
+    ids = torch.tensor(encoding.input_ids, device=device)
+    hidden = record_hidden_states(model, encoding, device)
+    (logits,) = head([hidden], [ids], [encoding.schema()], model.lm_head.weight)
+    return logits
+
+
 @dataclass
 class ScoredRecord:
     encoding: Encoding
@@ -78,26 +103,13 @@ class ReferenceScorer:
     def encode(self, request: ClefRequest) -> Encoding:
         return self.encoder.encode(request)
 
-    @torch.inference_mode()
     def hidden_states(self, encoding: Encoding) -> torch.Tensor:
         """Final normed hidden states of the record's tokens."""
-        ids = torch.tensor([encoding.input_ids], device=self.device)
-        if not encoding.media_inputs:
-            text_model = self.model.model.language_model
-            return text_model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).last_hidden_state[0]
-        inputs = {k: v.to(self.device) for k, v in encoding.media_inputs.items() if isinstance(v, torch.Tensor)}
-        for key in ("pixel_values", "pixel_values_videos"):
-            if key in inputs:
-                inputs[key] = inputs[key].to(self.model.dtype)
-        out = self.model.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **inputs)
-        return out.last_hidden_state[0]
+        return record_hidden_states(self.model, encoding, self.device)
 
-    @torch.inference_mode()
     def logits(self, encoding: Encoding) -> torch.Tensor:
         """The record's flat option logits (questions and options in model order), on the scorer's device."""
-        ids = torch.tensor(encoding.input_ids, device=self.device)
-        (logits,) = self.head([self.hidden_states(encoding)], [ids], [encoding.schema()], self.model.lm_head.weight)
-        return logits
+        return record_logits(self.model, self.head, encoding, self.device)
 
     def score(
         self, requests: Sequence[ClefRequest], *, progress: Progress | None = None, task: str = "scoring"

@@ -65,7 +65,6 @@ from clef_quant.release_folder.outputs import check_output_folder
 # needs.
 DEFAULT_HELDOUT = 8
 DEFAULT_CALIBRATION_RECORDS = 32
-BATCH = 4
 
 TASK_CALIBRATE = "calibrating"
 TASK_UNITS = "scanning units"
@@ -324,29 +323,17 @@ def stored_bytes(module: Any) -> int:
 
 
 def _probabilities(model: Any, head: Any, encodings: list[Any], device: str) -> list[list[Any]]:
-    """Per record, per question: the head's probabilities (float32, model order)."""
-    import torch
-
+    """Per record, per question: the head's probabilities (float32, model order), each record scored alone
+    through the reference's path (`reference.record_logits`): padded batches moved bf16 logits by up to 0.03, more
+    than many units' own effect."""
+    from clef_quant.reference import record_logits
     from clef_vllm.answers import split_logits
 
-    text_model = model.model.language_model
     results: list[list[Any]] = []
-    with torch.inference_mode():
-        for start in range(0, len(encodings), BATCH):
-            batch = encodings[start : start + BATCH]
-            longest = max(e.num_tokens for e in batch)
-            ids = torch.zeros((len(batch), longest), dtype=torch.long)
-            mask = torch.zeros((len(batch), longest), dtype=torch.long)
-            for row, e in enumerate(batch):
-                ids[row, : e.num_tokens] = torch.tensor(e.input_ids)
-                mask[row, : e.num_tokens] = 1
-            hidden = text_model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
-            states = [hidden.last_hidden_state[row, : e.num_tokens] for row, e in enumerate(batch)]
-            token_ids = [torch.tensor(e.input_ids, device=device) for e in batch]
-            logits = head(states, token_ids, [e.schema() for e in batch], model.lm_head.weight)
-            for e, record_logits in zip(batch, logits, strict=True):
-                counts = [len(spans) for spans in e.option_spans]
-                results.append([p.numpy() for p in split_logits(record_logits.float().cpu(), counts)])
+    for encoding in encodings:
+        logits = record_logits(model, head, encoding, device).float().cpu()
+        counts = [len(spans) for spans in encoding.option_spans]
+        results.append([p.numpy() for p in split_logits(logits, counts)])
     return results
 
 
