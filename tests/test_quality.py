@@ -459,7 +459,9 @@ def test_bench_quantize_reports_every_scheme_and_says_which_it_could_not_evaluat
     tiny_dir: Path, tmp_path: Path
 ) -> None:
     data, report = tmp_path / "data", tmp_path / "quality.md"
-    built_data = cli("build-data", "--out", str(data), "--source", "fixtures", "--per-task", "1", "--calibration-count", "0")
+    built_data = cli(
+        "build-data", "--out", str(data), "--source", "fixtures", "--per-task", "1", "--calibration-count", "0"
+    )
     assert built_data.exit_code == 0, built_data.output
     args = ["bench", "quantize", "--model", str(tiny_dir), "--work", str(tmp_path / "work"), "--data", str(data)]
     result = cli(*args, "--scheme", "fp8-dynamic", "--scheme", "nvfp4a16", "--calibration-records", "2", "--out",

@@ -33,6 +33,7 @@ from clef_quant.evaluation.metrics import METRICS, format_value
 from clef_quant.evaluation.report import write_results
 from clef_quant.evaluation.results import ALL
 from clef_quant.evaluation.runner import run_eval
+from clef_quant.formatting import markdown_table
 from clef_quant.publish.card import EXAMPLE_REQUEST, REQUIRED_FRONT_MATTER
 from clef_quant.publish.errors import PublishError
 from clef_quant.publish.folder import tree_files
@@ -103,7 +104,9 @@ class SharedEngines:
 def results_dir(tiny_dir: Path, quantized_dir: Any, clef_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real RESULTS folder: build-data on the fixtures, then eval of the tiny FP8_DYNAMIC folder."""
     root = tmp_path_factory.mktemp("release-eval")
-    built = cli("build-data", "--out", root / "data", "--source", FIXTURES, "--per-task", PER_TASK, "--calibration-count", 0)
+    built = cli(
+        "build-data", "--out", root / "data", "--source", FIXTURES, "--per-task", PER_TASK, "--calibration-count", 0
+    )
     assert built.exit_code == 0, built.output
     config = EvalConfig(
         reference=str(tiny_dir),
@@ -414,6 +417,23 @@ def test_card_states_what_inspect_reads(carded: Path) -> None:
     for name in manifest_of(carded).files:
         top = name.split("/", 1)[0]
         assert f"`{name}`" in files or f"`{top}/ (" in files, name
+
+
+def table_cells(line: str) -> list[str]:
+    """A pipe-table row as a Markdown renderer splits it (none of the card's cells holds a `|`)."""
+    return [cell.strip() for cell in line[1:-1].split("|")]
+
+
+@pytest.mark.slow
+def test_every_card_table_is_one_the_table_writer_writes(carded: Path) -> None:
+    """Each table, read back into header, alignment and cells, is written again by markdown_table to the same text:
+    no table of the card is laid out by hand."""
+    found = tables((carded / "README.md").read_text())
+    assert len(found) >= 7  # facts, quantized, kept, the task summary, sides, quality, files
+    for table in found:
+        header, rule, *rows = table.splitlines()
+        align = "".join("r" if cell.endswith(":") else "l" for cell in rule[1:-1].split("|"))
+        assert markdown_table(table_cells(header), [table_cells(row) for row in rows], align) == table
 
 
 @pytest.mark.slow
