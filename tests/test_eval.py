@@ -91,6 +91,21 @@ def test_build_data_writes_seven_tasks_and_calibration(data_dir: Path) -> None:
     assert not (data_dir.parent / "data.partial").exists()
 
 
+def test_the_summary_reads_back_as_written_and_a_wrong_one_is_refused(data_dir: Path, tmp_path: Path) -> None:
+    written = json.loads((data_dir / "summary.json").read_text())
+    summary = read_eval_data(data_dir).summary
+    assert summary.to_json() == written  # nothing lost, nothing added
+    assert (summary.seed, summary.counts.calibration_records, summary.from_hub) == (0, CALIBRATION, False)
+    assert [summary.title(name) for name in sorted(written["tasks"])] == TASK_TITLES
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    (copy / "summary.json").write_text(json.dumps({**written, "counts": {"eval_records": "many"}}))
+    with pytest.raises(DataError) as caught:
+        read_eval_data(copy)
+    assert str(caught.value).startswith(f"{copy / 'summary.json'}: counts.eval_records: ")
+    assert "\n" not in str(caught.value)
+
+
 def test_build_data_measures_lengths_in_the_release_tokens(data_dir: Path, tiny_dir: Path, tmp_path: Path) -> None:
     """--tokenizer: each task's lengths are the real, uncut encoding of its records."""
     from clef_vllm.encoder import Encoder
