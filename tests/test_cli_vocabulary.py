@@ -263,10 +263,18 @@ def test_the_old_max_length_name_still_cuts_the_state(tiny_dir: Path, tmp_path: 
     assert outputs[0]["max_length"] == 300 and outputs[0]["num_tokens"] == 300
 
 
-def test_calibration_length_is_its_own_idea_in_help() -> None:
-    """--max-seq-len (how much of a calibration record the quantizer sees) is not the engine's --max-model-len."""
-    for command in (["quantize"], ["scan"], ["bench", "quantize"]):
-        assert "not the engine's --max-model-len" in help_words(command).replace("an engine's", "the engine's")
+def test_calibration_length_is_its_own_option() -> None:
+    """--max-seq-len (how much of a calibration record the quantizer sees) is not the engine's --max-model-len:
+    quantize and scan take only the first, and bench quantize, which also evaluates, keeps both apart."""
+    for command in ("quantize", "scan"):
+        args = CALIBRATION_COMMANDS[command][1:]
+        assert parsed_options([command], [*args, "--max-seq-len", "64"])["max_seq_len"] == 64
+        line = refused([command, *args, "--max-model-len", "64"])
+        assert line.startswith("error: ") and "--max-model-len" in line
+    both = parsed_options(
+        ["bench", "quantize"], ["--model", "M", "--work", "W", "--max-seq-len", "64", "--max-model-len", "512"]
+    )
+    assert (both["max_seq_len"], both["max_model_len"]) == (64, 512)
 
 
 # Every command that takes --max-model-len, with the arguments it needs besides it.

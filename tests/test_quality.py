@@ -292,13 +292,13 @@ def test_scanned_unit_equals_what_the_scheme_stores(tiny_dir: Path, built) -> No
 
     from clef_quant.quantize.calibration import as_dataloader, build_calibration
     from clef_quant.quantize.compress import load_model
-    from clef_quant.quantize.scan import _calibrate
+    from clef_quant.quantize.scan import calibrate_in_memory
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
     config = json.loads((tiny_dir / "config.json").read_text())
     data = as_dataloader(build_calibration(tokenizer, records=RECORDS, max_seq_len=MAX_SEQ_LEN))
     model = load_model(tiny_dir, config, "cpu")
-    _calibrate(model, config, "nvfp4", data, tokenizer)
+    calibrate_in_memory(model, config, "nvfp4", data, tokenizer)
     restored = Qwen3_5ForConditionalGeneration.from_pretrained(
         built("nvfp4"), dtype=torch.bfloat16, quantization_config=CompressedTensorsConfig(run_compressed=False)
     )

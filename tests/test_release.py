@@ -522,9 +522,9 @@ def manifest_with(**sections: Any) -> Manifest:
 
 
 def quantize_command(manifest: Manifest) -> str:
-    from clef_quant.publish.reproduce import _quantize
+    from clef_quant.publish.reproduce import quantize_command_line
 
-    return _quantize(manifest, manifest.source.id, manifest.source.revision, "out")
+    return quantize_command_line(manifest, manifest.source.id, manifest.source.revision, "out")
 
 
 def test_license_comes_from_the_source_card(tmp_path: Path) -> None:

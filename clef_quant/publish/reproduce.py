@@ -43,7 +43,7 @@ def reproduce_commands(
     if tiny is not None:
         commands.append(_join("clef-quant", "make-tiny", source_id, "--size", tiny["size"], "--seed", tiny["seed"]))
     commands.append(_build_data(results))
-    commands.append(_quantize(manifest, source_id, source_revision, folder))
+    commands.append(quantize_command_line(manifest, source_id, source_revision, folder))
     commands.append(_evaluate(results, Path(config.results)))
     if throughput_command:
         commands.append(throughput_command)
@@ -79,7 +79,8 @@ def _build_data(results: EvalResults) -> str:
     return _join(*words)
 
 
-def _quantize(manifest: Manifest, source_id: str, revision: str | None, out: str) -> str:
+def quantize_command_line(manifest: Manifest, source_id: str, revision: str | None, out: str) -> str:
+    """The `clef-quant quantize` command that made the release, with every flag the manifest recorded."""
     recipe, calibration = manifest.recipe, manifest.calibration
     recipe_file, variables = recipe.file, recipe.variables
     words: list[Any] = ["clef-quant", "quantize", source_id]

@@ -235,7 +235,7 @@ def _run_units(
         wanted = {name for layer, group in units for name in unit_modules(prefix, layer, group)}
         originals = {n: m.weight.detach().clone() for n, m in model.named_modules() if n in wanted}
         progress.start(f"{TASK_CALIBRATE} {scheme}")
-        _calibrate(model, source_config, scheme, as_dataloader(calibration_set), encoder.tokenizer)
+        calibrate_in_memory(model, source_config, scheme, as_dataloader(calibration_set), encoder.tokenizer)
         progress.finish(f"{TASK_CALIBRATE} {scheme}")
         modules = dict(model.named_modules())
         produced = {n: modules[n].weight.detach().clone() for n in originals}
@@ -289,7 +289,9 @@ def _layer_prefix(model: Any) -> str:
     return path
 
 
-def _calibrate(model: Any, source_config: dict[str, Any], scheme: str, dataloader: Any, tokenizer: Any) -> None:
+def calibrate_in_memory(
+    model: Any, source_config: dict[str, Any], scheme: str, dataloader: Any, tokenizer: Any
+) -> None:
     """The same oneshot `clef-quant quantize --scheme SCHEME` runs, on the in-memory model."""
     from clef_quant.quantize.plan import parse_recipe, plan_quantization, recipe_needs_calibration
 
