@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -258,6 +259,23 @@ def test_card_prose_says_what_the_release_is(
 
 
 @pytest.mark.slow
+def test_the_cards_build_data_command_rebuilds_the_records_it_was_measured_on(
+    carded: Path, results_dir: Path, tmp_path: Path
+) -> None:
+    """The command is run, not read: with --out elsewhere it writes the very evaluation records eval scored."""
+    reproduce = section((carded / "README.md").read_text(), "Reproduce").split("```bash\n")[1].split("```")[0]
+    words = shlex.split(next(line for line in reproduce.splitlines() if line.startswith("clef-quant build-data")))
+    words[words.index("--out") + 1] = str(tmp_path / "again")
+    rebuilt = CliRunner().invoke(app, words[1:])
+    assert rebuilt.exit_code == 0, rebuilt.output
+    measured = results_dir.parent / "data"
+    files = sorted(p.relative_to(measured) for p in measured.rglob("*.jsonl"))
+    assert files and files == sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*.jsonl"))
+    for name in files:
+        assert (tmp_path / "again" / name).read_bytes() == (measured / name).read_bytes(), name
+
+
+@pytest.mark.slow
 def test_card_shows_every_side_and_quality_metric_of_results_json(carded: Path, results_dir: Path) -> None:
     card = (carded / "README.md").read_text()
     details = card.split("<summary>Every side and every metric")[1].split("</details>")[0]
@@ -420,8 +438,8 @@ def test_card_states_what_inspect_reads(carded: Path) -> None:
 
 
 def table_cells(line: str) -> list[str]:
-    """A pipe-table row as a Markdown renderer splits it (none of the card's cells holds a `|`)."""
-    return [cell.strip() for cell in line[1:-1].split("|")]
+    """A pipe-table row as a Markdown renderer splits it: at every `|` not escaped as `\\|`."""
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
 
 
 @pytest.mark.slow
@@ -432,7 +450,7 @@ def test_every_card_table_is_one_the_table_writer_writes(carded: Path) -> None:
     assert len(found) >= 7  # facts, quantized, kept, the task summary, sides, quality, files
     for table in found:
         header, rule, *rows = table.splitlines()
-        align = "".join("r" if cell.endswith(":") else "l" for cell in rule[1:-1].split("|"))
+        align = "".join("r" if cell.endswith(":") else "l" for cell in table_cells(rule))
         assert markdown_table(table_cells(header), [table_cells(row) for row in rows], align) == table
 
 
