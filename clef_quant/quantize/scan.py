@@ -231,7 +231,7 @@ def _run_units(
         model = load_model(source_dir, source_config, config.device)
         prefix = _layer_prefix(model)
         if reference is None:
-            reference = _probabilities(model, head, heldout, config.device)
+            reference = heldout_probabilities(model, head, heldout, config.device)
         wanted = {name for layer, group in units for name in unit_modules(prefix, layer, group)}
         originals = {n: m.weight.detach().clone() for n, m in model.named_modules() if n in wanted}
         progress.start(f"{TASK_CALIBRATE} {scheme}")
@@ -252,7 +252,7 @@ def _run_units(
             for name in names:
                 modules[name].weight.data.copy_(produced[name])
                 modules[name].quantization_enabled = True
-            candidate = _probabilities(model, head, heldout, config.device)
+            candidate = heldout_probabilities(model, head, heldout, config.device)
             for name in names:
                 modules[name].weight.data.copy_(originals[name])
                 modules[name].quantization_enabled = False
@@ -324,7 +324,7 @@ def stored_bytes(module: Any) -> int:
     return total
 
 
-def _probabilities(model: Any, head: Any, encodings: list[Any], device: str) -> list[list[Any]]:
+def heldout_probabilities(model: Any, head: Any, encodings: list[Any], device: str) -> list[list[Any]]:
     """Per record, per question: the head's probabilities (float32, model order), each record scored alone
     through the reference's path (`reference.record_logits`): padded batches moved bf16 logits by up to 0.03, more
     than many units' own effect."""
