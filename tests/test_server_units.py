@@ -231,6 +231,8 @@ def given(config_field: dataclasses.Field, kind: type) -> tuple[list[str], objec
     from clef_vllm.server.settings import flag_of
 
     flag = flag_of(config_field)
+    if kind is tuple:  # repeatable: every value, in order
+        return [flag, "seed=7", flag, "gpu_memory_utilization=0.5"], ("seed=7", "gpu_memory_utilization=0.5")
     if kind is bool:
         return [flag], not config_field.default
     if kind is str:
@@ -251,10 +253,9 @@ def test_every_flag_sets_its_field_and_nothing_else():
     for config_field, _ in server_settings():
         if config_field.name == "model":
             continue
-        kinds = [k for k in typing.get_args(hints[config_field.name]) if k is not type(None)] or [
-            hints[config_field.name]
-        ]
-        argv, value = given(config_field, kinds[0])
+        hint = hints[config_field.name]
+        kinds = [k for k in typing.get_args(hint) if k is not type(None)] or [hint]
+        argv, value = given(config_field, tuple if typing.get_origin(hint) is tuple else kinds[0])
         config = parse_args(["--model", "m", *argv])
         assert getattr(config, config_field.name) == value, argv
         assert dataclasses.replace(config, **{config_field.name: getattr(defaults, config_field.name)}) == defaults

@@ -67,6 +67,8 @@ def wait_healthy(process: subprocess.Popen, port: int, log: Path) -> list[int]:
 
 
 def systemone_command(model: Path | str, port: int, *flags: str) -> list[str]:
-    """`clef-systemone` from the running interpreter's environment."""
+    """`clef-systemone` from the running interpreter's environment (its module where the script is not installed,
+    as with `pip install --target`)."""
     script = Path(sys.executable).parent / "clef-systemone"
-    return [str(script), "--model", str(model), "--port", str(port), *flags]
+    start = [str(script)] if script.is_file() else [sys.executable, "-m", "clef_vllm.server.cli"]
+    return [*start, "--model", str(model), "--port", str(port), *flags]

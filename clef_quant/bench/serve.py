@@ -20,6 +20,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,12 +147,15 @@ def run_serve_bench(
     max_num_batched_tokens: int = 8192,
     device: str = "cpu",
     compress_above: int | None = 1024,
+    engine_arg: Sequence[str] = (),
     progress: Progress | None = None,
 ) -> ServeBenchResult:
     """Score the same `records` requests offline, through the server, and with the reference.
 
-    Server clients send bodies larger than `compress_above` bytes zstd-compressed (None: never)."""
+    Server clients send bodies larger than `compress_above` bytes zstd-compressed (None: never). `engine_arg`:
+    `--engine-arg` settings, given to every engine and server."""
     from clef_vllm.encoder import Encoder
+    from clef_vllm.engine_options import engine_overrides
     from clef_vllm.request import parse_request
 
     bodies = varied_requests(records, seed=11)
@@ -162,8 +166,8 @@ def run_serve_bench(
     )
     if compress_above is not None:
         result.compressed_requests = sum(len(json.dumps(b).encode()) > compress_above for b in bodies)
-    engine_kwargs: dict[str, Any] = {"max_model_len": max_model_len}
-    flags = ["--max-model-len", str(max_model_len)]
+    engine_kwargs: dict[str, Any] = {"max_model_len": max_model_len, **engine_overrides(engine_arg)}
+    flags = ["--max-model-len", str(max_model_len), *(flag for item in engine_arg for flag in ("--engine-arg", item))]
     if device == "cpu":
         engine_kwargs["enforce_eager"] = True
         flags.append("--enforce-eager")

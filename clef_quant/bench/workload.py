@@ -90,6 +90,37 @@ def varied_requests(count: int = 24, seed: int = 0, state_words: Sequence[int] =
     return requests
 
 
+# Words in a serving benchmark's state: about 1,490 prompt tokens with three questions (clef-flash's tokenizer is
+# the tiny checkpoint's in every size make-tiny builds).
+SERVING_STATE_WORDS = 325
+
+
+def serving_requests(count: int = 64, seed: int = 0, state_words: int = SERVING_STATE_WORDS) -> list[dict[str, Any]]:
+    """Requests of one shape, as a serving benchmark wants them: a state of `state_words` words and three
+    questions (a four-way choice, a noul and a five-level score); only the words differ between requests."""
+    rng = random.Random(seed)
+    requests = []
+    for index in range(count):
+        options = rng.sample(WORDS, 4)
+        questions = {
+            "topic": {
+                "type": "choice",
+                "instructions": sentence(rng, 6),
+                "criteria": {o: sentence(rng, 4) for o in options},
+            },
+            "urgent": {"type": "noul", "instructions": sentence(rng, 6)},
+            "severity": {
+                "type": "score",
+                "instructions": sentence(rng, 6),
+                "criteria": [sentence(rng, 2) for _ in range(5)],
+            },
+        }
+        requests.append(
+            {"model": "clef", "id": f"s{index}", "state": sentence(rng, state_words), "questions": questions}
+        )
+    return requests
+
+
 def generated_image(rng: random.Random, width: int, height: int) -> str:
     """A PNG (base64) of random colour blocks: different pixels for each seed, a few KiB."""
     import base64

@@ -15,6 +15,7 @@ from clef_quant.cli._errors import fail
 from clef_quant.devices import DEVICE_HELP, device_problem, is_cuda
 from clef_quant.quantize.recipes import check_scheme, scheme_choices
 from clef_quant.tiny.sizes import SIZES
+from clef_vllm.engine_options import HELP as ENGINE_ARG_HELP
 
 QUANTIZE_SCHEMES = scheme_choices()
 
@@ -126,7 +127,9 @@ MaxModelLenOption = Annotated[int, max_model_len_option()]
 EnforceEagerOption = Annotated[
     bool,
     typer.Option(
-        "--enforce-eager/--no-enforce-eager", help="Run vLLM without graph compilation (starts much faster on a CPU)."
+        "--enforce-eager/--no-enforce-eager",
+        help="Run vLLM without torch.compile and CUDA graphs (on a GPU both are on by default; a CPU starts much "
+        "faster without them).",
     ),
 ]
 # The calibration length (llm-compressor's max_seq_length) is a separate idea from the engine's --max-model-len:
@@ -241,6 +244,26 @@ def renamed_option(name: str) -> str:
     return RENAMED_OPTIONS.get(name, name)
 
 
-def eager_engine_kwargs(enforce_eager: bool) -> dict[str, Any]:
-    """The engine settings --enforce-eager adds; none without it, so a run's recorded settings stay as before."""
-    return {"enforce_eager": True} if enforce_eager else {}
+def eager_engine_kwargs(enforce_eager: bool, engine_arg: list[str] | None = None) -> dict[str, Any]:
+    """The engine settings --enforce-eager and --engine-arg add; none without them, so a run's recorded settings
+    stay as before."""
+    from clef_vllm.engine_options import engine_overrides
+    from clef_vllm.errors import SettingsError
+
+    try:
+        overrides = engine_overrides(engine_arg or [])
+    except SettingsError as exc:
+        raise fail(str(exc)) from None
+    return {**({"enforce_eager": True} if enforce_eager else {}), **overrides}
+
+
+EngineArgOption = Annotated[
+    list[str] | None,
+    typer.Option("--engine-arg", metavar="KEY=VALUE", help=f"{ENGINE_ARG_HELP[0].upper()}{ENGINE_ARG_HELP[1:]}."),
+]
+BATCH_INVARIANT_HELP = (
+    "Answers that do not move with load: every record's probabilities are the same bits whatever else is in the "
+    "engine (on a GPU vLLM batches whole prompts with its batch-invariant kernels; on a CPU each engine step runs "
+    "one prompt). --no-batch-invariant lets vLLM batch and split prompts freely: probabilities then move in the "
+    "third decimal with the batch, which raises the noise floor."
+)

@@ -10,16 +10,20 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from clef_quant.bench.modes import MODE_NAMES, Mode, ModesResult
+from clef_quant.bench.workload import SERVING_STATE_WORDS
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import (
     BatchSizeRetiredOption,
     EnforceEagerOption,
+    EngineArgOption,
     calibration_records_option,
     device_option,
     dtype_option,
     eager_engine_kwargs,
     max_model_len_option,
     max_seq_len_option,
+    name_choice,
     scheme_option,
     warn_batch_size_retired,
 )
@@ -147,6 +151,11 @@ def serve(
             "12 MB of instructions), written as the report's last section; --clients small clients.",
         ),
     ] = False,
+    device: Annotated[
+        str,
+        device_option("Where the reference runs; the engines run where vLLM runs (eager only on a CPU)."),
+    ] = "cpu",
+    engine_arg: EngineArgOption = None,
     out: Annotated[Path, typer.Option(help="Report path.")] = Path("bench/results/serve-cpu.md"),
 ) -> None:
     """Server requests/s at N concurrent clients vs the offline engine's records/s, both with and without batch
@@ -168,9 +177,12 @@ def serve(
         _long_inputs(model, max_model_len, clients or 4, out, report)
         return
     clients = clients or 32
+    eager_engine_kwargs(False, engine_arg)  # a bad --engine-arg is refused before anything starts
     with stage_line("benchmarking") as progress:
         result = run_serve_bench(
             model,
+            device=device,
+            engine_arg=engine_arg or [],
             records=records,
             clients=clients,
             max_model_len=max_model_len,
@@ -178,7 +190,7 @@ def serve(
             compress_above=None if compress_above < 0 else compress_above,
             progress=progress,
         )
-    markdown = render_markdown(result, _command_line(), machine_name(torch.device("cpu")))
+    markdown = render_markdown(result, _command_line(), machine_name(torch.device(device)))
     _write_report(out, join_section(markdown, section), result_json(result))
     typer.echo(
         f"server/offline {result.server_over_offline:.3f}, plugin/reference {result.plugin_over_reference:.2f}; "
@@ -198,6 +210,177 @@ def _long_inputs(model: Path, max_model_len: int, clients: int, out: Path, repor
     _write_report(out, join_section(report, section) if report.strip() else section)
     worst = max(row.worst for row in result.rows)
     typer.echo(f"worst small-request wait behind a long input {worst:.2f} s; wrote {out}")
+
+
+def _release_name(folder: Path) -> str:
+    """A release's row: its scheme's labels for a quantized folder (see `plugin_side_name`), bf16 for a source."""
+    from clef_quant.bench.throughput import plugin_side_name
+
+    return plugin_side_name(folder) if (folder / "clef_quant.json").is_file() else "bf16"
+
+
+def _appended(saved: Path, new: ModesResult) -> ModesResult:
+    """The report at `saved` with `new`'s command added, refused when the workload or machine differ."""
+    from clef_quant.bench.modes import read_result
+
+    if not saved.is_file():
+        raise fail(f"--append: {saved} does not exist", hint="run once without --append")
+    old = read_result(saved)
+    same = ("machine", "records", "tokens", "questions", "max_model_len")
+    differing = [name for name in same if getattr(old, name) != getattr(new, name)]
+    if differing:
+        raise fail(f"--append: {saved} measured another {' and '.join(differing)}")
+    old.command = f"{old.command}` then `{new.command}"
+    return old
+
+
+def _release_and_modes(given: str, default: list[Mode]) -> tuple[Path, list[Mode]]:
+    """`FOLDER` or `FOLDER@MODE,MODE` -> the folder and the modes it runs in."""
+    from clef_quant.bench.modes import MODES
+
+    folder, sep, names = given.rpartition("@")
+    if not sep:
+        return Path(given), default
+    unknown = [name for name in names.split(",") if name not in MODES]
+    if unknown:
+        raise fail(f"--release {given}: unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}")
+    return Path(folder), [MODES[name] for name in names.split(",")]
+
+
+@app.command("modes")
+@user_errors
+def modes(
+    release: Annotated[
+        list[str],
+        typer.Option(
+            "--release",
+            metavar="FOLDER[@MODE,...]",
+            help="A release folder (bf16 or quantized), repeatable; all are scored on the same requests. "
+            "FOLDER@MODE,MODE runs that release in those modes only.",
+        ),
+    ],
+    mode: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--mode",
+            metavar="MODE",
+            parser=name_choice(MODE_NAMES, "unknown mode {value!r}"),
+            help=f"A serving mode, repeatable: {', '.join(MODE_NAMES)}. Default: invariant and batched.",
+        ),
+    ] = None,
+    records: Annotated[int, typer.Option(min=8, help="Requests in the workload.")] = 64,
+    state_words: Annotated[
+        int, typer.Option(min=1, help="Words in each request's state (325: about 1,500 tokens).")
+    ] = SERVING_STATE_WORDS,
+    max_model_len: Annotated[int, max_model_len_option("The engines' maximum length.")] = 4096,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed runs of the whole workload per engine.")] = 3,
+    probes: Annotated[int, typer.Option(min=1, help="Requests also scored alone, for the invariance check.")] = 16,
+    latency_requests: Annotated[int, typer.Option(min=1, help="Single requests timed one after another.")] = 20,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            metavar="RELEASE:MODE",
+            help="Profile single requests of one release (its row name, e.g. FP8_DYNAMIC) in one mode: kernel time "
+            "by part of the model and the GPU's idle time.",
+        ),
+    ] = None,
+    serve: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="RELEASE",
+            help="Also serve this release (row name) with clef-systemone in the default mode at 1, 8 and 64 "
+            "clients; repeatable.",
+        ),
+    ] = None,
+    enforce_eager: EnforceEagerOption = False,
+    engine_arg: EngineArgOption = None,
+    append: Annotated[
+        bool,
+        typer.Option(
+            "--append",
+            help="Add these runs to the report already at --out (same workload and machine), e.g. a second batch of "
+            "releases measured right after the first.",
+        ),
+    ] = False,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Report path (markdown, JSON beside it).", show_default="bench/results/modes-<device>.md"),
+    ] = None,
+) -> None:
+    """Each release in each serving mode, side by side in one run: records/s and tokens/s, whether a request
+    alone gets the bits it gets inside a full batch, single-request latency, and optionally clef-systemone at 1,
+    8 and 64 clients and a profile of where a request's time goes. Meant for GPUs; runs on a CPU too.
+
+    Example: clef-quant bench modes --release flash --release flash-FP8_DYNAMIC --mode invariant --mode batched \
+        --serve FP8_DYNAMIC --profile FP8_DYNAMIC:invariant --out bench/results/serve-h200.md
+    """
+    import torch
+    import transformers
+    import vllm
+
+    from clef_quant.bench.environment import machine_name
+    from clef_quant.bench.modes import MODES, ModesResult, run_modes
+    from clef_quant.bench.modes_report import write_report
+    from clef_quant.bench.workload import serving_requests
+    from clef_vllm.encoder import Encoder
+    from clef_vllm.request import parse_request
+
+    chosen = [MODES[name] for name in (mode or ["invariant", "batched"])]
+    releases = []
+    for given in release:
+        folder, modes_of = _release_and_modes(given, chosen)
+        _require_release(folder)
+        releases.append((_release_name(folder), folder, modes_of))
+    names = [name for name, _, _ in releases]
+    if len(set(names)) != len(names):
+        raise fail(f"two releases have the same row name ({', '.join(names)}); give each scheme once")
+    profiled = None
+    if profile is not None:
+        scheme, _, mode_name = profile.rpartition(":")
+        if not any(name == scheme and mode_name in [m.name for m in m_] for name, _, m_ in releases):
+            raise fail(f"--profile {profile}: name one of the releases ({', '.join(names)}) and one of its modes")
+        profiled = (scheme, mode_name)
+    for name in serve or []:
+        if name not in names:
+            raise fail(f"--serve {name}: not one of the releases ({', '.join(names)})")
+    engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out = out or Path(f"bench/results/modes-{device.type}.md")
+    bodies = serving_requests(records, seed=0, state_words=state_words)
+    encoder = Encoder(releases[0][1], max_length=max_model_len)
+    tokens = sum(encoder.encode(parse_request(body)).num_tokens for body in bodies)
+    result = ModesResult(
+        machine=machine_name(device),
+        versions=f"vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}",
+        command=_command_line(),
+        records=records,
+        tokens=tokens,
+        questions=3,
+        max_model_len=max_model_len,
+    )
+    if append:
+        result = _appended(out.with_suffix(".json"), result)
+    quiet_tools(False, VLLM_QUIET)
+    with stage_line("benchmarking") as progress:
+        run_modes(
+            releases,
+            bodies,
+            result,
+            out.with_suffix(".json"),
+            repeats=repeats,
+            probes=min(probes, records),
+            latency_requests=min(latency_requests, records),
+            profile=profiled,
+            server_releases=serve,
+            engine_kwargs=engine_kwargs,
+            server_flags=[
+                *(["--enforce-eager"] if enforce_eager else []),
+                *(flag for item in engine_arg or [] for flag in ("--engine-arg", item)),
+            ],
+            progress=progress,
+        )
+    written = write_report(result, out)
+    typer.echo(f"wrote {' and '.join(map(str, written))}")
 
 
 @app.command("throughput")
@@ -229,6 +412,7 @@ def throughput(
         str, device_option("Where the reference runs: cpu, cuda or cuda:N (the plugin runs where vLLM runs).")
     ] = "cpu",
     enforce_eager: EnforceEagerOption = False,
+    engine_arg: EngineArgOption = None,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -256,6 +440,7 @@ def throughput(
         raise fail(f"{data} does not exist", hint="clef-quant build-data --out DATA --source fixtures")
 
     warn_batch_size_retired(batch_size)
+    engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
     quiet_tools(False, VLLM_QUIET)
     requests = load_requests(data, records)
     with stage_line("benchmarking") as progress:
@@ -266,7 +451,7 @@ def throughput(
             source=str(data),
             max_model_len=max_model_len,
             device=device,
-            engine_kwargs=eager_engine_kwargs(enforce_eager),
+            engine_kwargs=engine_kwargs,
             progress=progress,
             image_requests=[parse_request(body) for body in image_requests(image_records, seed=0)],
         )

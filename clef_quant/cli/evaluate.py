@@ -11,9 +11,11 @@ from rich.table import Table
 
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import (
+    BATCH_INVARIANT_HELP,
     BatchSizeRetiredOption,
     CalibrationCountRenamedOption,
     EnforceEagerOption,
+    EngineArgOption,
     device_option,
     eager_engine_kwargs,
     max_model_len_option,
@@ -140,14 +142,8 @@ def evaluate(
     batch_size: BatchSizeRetiredOption = None,
     device: Annotated[str, device_option("Where the reference runs: cpu, cuda or cuda:N.")] = "cpu",
     enforce_eager: EnforceEagerOption = False,
-    batch_invariant: Annotated[
-        bool,
-        typer.Option(
-            help="One whole prompt per vLLM step, so every record's probabilities are the same bits in every run. "
-            "--no-batch-invariant lets vLLM batch records: faster where per-step overhead dominates, but the "
-            "probabilities then move (third decimal) with the batch, which raises the noise floor."
-        ),
-    ] = True,
+    batch_invariant: Annotated[bool, typer.Option(help=BATCH_INVARIANT_HELP)] = True,
+    engine_arg: EngineArgOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show vLLM's and transformers' own logs.")] = False,
 ) -> None:
     """Compare candidates with the bf16 reference on DATA; the bf16 folder through the plugin is the noise floor.
@@ -169,7 +165,7 @@ def evaluate(
     from clef_quant.evaluation.report import write_results
     from clef_quant.evaluation.runner import run_eval
 
-    engine_kwargs = eager_engine_kwargs(enforce_eager)
+    engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
     config = EvalConfig(
         reference=reference,
         candidates=candidate,

@@ -9,13 +9,14 @@ Requests are validated and encoded here (the whole batch before the engine runs)
 the plugin's pooler returns every option's logit. Scripts that create an engine need an
 `if __name__ == "__main__":` guard, because vLLM spawns its engine core process.
 
-By default every engine step runs exactly one whole prompt (`batch_invariant=True`), so a request's
-probabilities are the same bits whatever else is in flight: on CPU, oneDNN's bf16 GEMMs give a row different
-roundings depending on how many rows share the call, the CPU attention kernel splits its KV work by the whole
-step's load, and a prompt split across steps (chunked prefill) changes its hidden states. vLLM's own
-`VLLM_BATCH_INVARIANT` mode covers GPU kernels only. `batch_invariant=False` lets vLLM batch and split prompts
-freely (`max_num_seqs`, `max_num_batched_tokens`): more throughput where per-step overhead dominates, answers
-that move in the third decimal with load.
+By default (`batch_invariant=True`) a request's probabilities are the same bits whatever else is in flight
+(`clef_vllm.invariance` says how, per platform): on a GPU, vLLM batches whole prompts and runs its batch-invariant
+kernels; on a CPU, each engine step runs one whole prompt. `batch_invariant=False` lets vLLM batch and split
+prompts freely (`max_num_seqs`, `max_num_batched_tokens`): answers then move in the third decimal with load.
+
+On a GPU the engine compiles the model and replays CUDA graphs unless `enforce_eager=True`, and Gated DeltaNet's
+prefill runs vLLM's Triton kernels when FlashInfer is not installed (vLLM's own choice on Hopper is FlashInfer).
+Any other vLLM engine argument passes through as a keyword (`gpu_memory_utilization=0.5`, ...).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from clef_vllm.answers import response_from_logits
 from clef_vllm.encoder import Encoder
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
 from clef_vllm.errors import RequestError, SettingsError
+from clef_vllm.invariance import GPU_STEP_TOKENS, set_invariant_kernels, uses_gpu
 from clef_vllm.plugin import ARCHITECTURE
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.release_source import local_release
@@ -57,28 +59,46 @@ def schedule_args(
     batch_invariant: bool = True,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    gpu: bool | None = None,
 ) -> dict[str, Any]:
-    """The scheduler limits for vLLM; with `batch_invariant` every step runs exactly one whole prompt."""
-    args: dict[str, Any] = {}
-    if batch_invariant:
-        if max_num_seqs not in (None, 1):
-            raise SettingsError(
-                f"max_num_seqs={max_num_seqs} puts several prompts in one engine step, which makes answers depend "
-                "on load; turn batch invariance off to allow it"
-            )
-        if max_num_batched_tokens is not None and max_num_batched_tokens < max_model_len:
-            raise SettingsError(
-                f"max_num_batched_tokens={max_num_batched_tokens} is below max_model_len={max_model_len}: long "
-                "prompts would be split across steps; turn batch invariance off to allow it"
-            )
-        args["max_num_seqs"] = 1
-        args["max_num_batched_tokens"] = max_num_batched_tokens or max_model_len
+    """The scheduler limits for vLLM. With `batch_invariant` no prompt is split across steps; on a CPU
+    (`gpu=False`) each step also runs only one prompt. `gpu=None`: this machine's."""
+    if not batch_invariant:
+        args: dict[str, Any] = {}
+        if max_num_seqs is not None:
+            args["max_num_seqs"] = max_num_seqs
+        if max_num_batched_tokens is not None:
+            args["max_num_batched_tokens"] = max_num_batched_tokens
         return args
-    if max_num_seqs is not None:
-        args["max_num_seqs"] = max_num_seqs
-    if max_num_batched_tokens is not None:
-        args["max_num_batched_tokens"] = max_num_batched_tokens
-    return args
+    if max_num_batched_tokens is not None and max_num_batched_tokens < max_model_len:
+        raise SettingsError(
+            f"max_num_batched_tokens={max_num_batched_tokens} is below max_model_len={max_model_len}: long "
+            "prompts would be split across steps; turn batch invariance off to allow it"
+        )
+    if uses_gpu() if gpu is None else gpu:
+        args = {
+            "enable_chunked_prefill": False,
+            "max_num_batched_tokens": max_num_batched_tokens or max(max_model_len, GPU_STEP_TOKENS),
+        }
+        if max_num_seqs is not None:
+            args["max_num_seqs"] = max_num_seqs
+        return args
+    if max_num_seqs not in (None, 1):
+        raise SettingsError(
+            f"max_num_seqs={max_num_seqs} puts several prompts in one engine step, which on a CPU makes answers "
+            "depend on load; turn batch invariance off to allow it"
+        )
+    return {"max_num_seqs": 1, "max_num_batched_tokens": max_num_batched_tokens or max_model_len}
+
+
+def gpu_defaults(overrides: dict[str, Any]) -> dict[str, Any]:
+    """What a GPU engine gets unless asked otherwise: Triton's Gated DeltaNet prefill where FlashInfer, vLLM's
+    choice on Hopper, is not installed."""
+    if "gdn_prefill_backend" in overrides:
+        return {}
+    from vllm.utils.flashinfer import has_flashinfer
+
+    return {} if has_flashinfer() else {"gdn_prefill_backend": "triton"}
 
 
 def engine_args(
@@ -87,6 +107,7 @@ def engine_args(
     max_model_len: int = DEFAULT_MAX_LENGTH,
     batch_invariant: bool = True,
     limits: Limits = DEFAULT_LIMITS,
+    gpu: bool | None = None,
     **overrides: Any,
 ) -> dict[str, Any]:
     """vLLM engine arguments that run a Clef-Flash folder through the plugin's pooler.
@@ -94,11 +115,13 @@ def engine_args(
     With media switched off (no images and no videos allowed) the vision tower is not even loaded."""
     from vllm.config import PoolerConfig
 
+    gpu = uses_gpu() if gpu is None else gpu
     schedule = schedule_args(
         max_model_len=max_model_len,
         batch_invariant=batch_invariant,
         max_num_seqs=overrides.pop("max_num_seqs", None),
         max_num_batched_tokens=overrides.pop("max_num_batched_tokens", None),
+        gpu=gpu,
     )
 
     args: dict[str, Any] = {
@@ -111,11 +134,19 @@ def engine_args(
         "max_model_len": max_model_len,
         "dtype": "bfloat16",
         **schedule,
+        **(gpu_defaults(overrides) if gpu else {}),
     }
     if limits.media_enabled:
         args["limit_mm_per_prompt"] = {"image": limits.max_images, "video": limits.max_videos}
     args.update(overrides)
     return args
+
+
+def prepare_engine_process(batch_invariant: bool) -> None:
+    """Process-wide settings an engine about to start reads: the CPU KV cache size, and vLLM's batch-invariant
+    kernels on a GPU when answers must not move with load."""
+    apply_cpu_defaults()
+    set_invariant_kernels(batch_invariant and uses_gpu())
 
 
 # Engines whose core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) share vLLM's process-wide
@@ -136,9 +167,9 @@ def engine_prompt(encoding: Encoding) -> Any:
 class ClefEngine:
     """A vLLM engine over one Clef-Flash release folder (original or quantized).
 
-    `batch_invariant=True` (the default) runs one whole prompt per engine step, so each request's probabilities
-    do not depend on the rest of the batch; `False` lets vLLM batch prompts (`max_num_seqs`,
-    `max_num_batched_tokens`) for throughput at the price of answers that move with the batch.
+    `batch_invariant=True` (the default): each request's probabilities do not depend on the rest of the batch
+    (see the module docstring); `False` lets vLLM batch and split prompts (`max_num_seqs`,
+    `max_num_batched_tokens`) at the price of answers that move with the batch.
     """
 
     def __init__(
@@ -161,7 +192,7 @@ class ClefEngine:
         self.limits = limits
         self.batch_invariant = batch_invariant
         self.encoder = Encoder(self.model, max_length=max_model_len, media=limits.media_enabled)
-        apply_cpu_defaults()
+        prepare_engine_process(batch_invariant)
         show_vllm_warnings_once()
         self.llm = LLM(**args)
         show_vllm_warnings_once()  # again: the engine's modules brought their own loggers

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from vllm import PoolingParams
 
 SCHEMA_KEY = "joint_schema"
+# The profiler range the pooler runs in, so a profile can tell its kernels from the backbone's.
+POOLER_RANGE = "clef_pooler"
 
 
 def pooling_schema(encoding: Encoding) -> dict[str, list[Any]]:

@@ -29,11 +29,12 @@ from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
 from clef_vllm.answers import flat_probabilities
-from clef_vllm.errors import CheckpointError
+from clef_vllm.errors import CheckpointError, SettingsError
 from clef_vllm.head import JointSchemaHead
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS, HeadConfig, find_head_dir, load_head
 from clef_vllm.head_graphs import GraphedHead
-from clef_vllm.pooling_contract import parse_pooling_schema
+from clef_vllm.invariance import accept_gdn_layers, invariant_kernels_on, keep_cublas_for_bf16_linears
+from clef_vllm.pooling_contract import POOLER_RANGE, parse_pooling_schema
 from clef_vllm.release_source import fetch_release
 from clef_vllm.schema import RecordSchema
 
@@ -42,11 +43,34 @@ LEXICAL_TABLE_NAMES = ("lm_head.weight", "model.language_model.embed_tokens.weig
 
 
 class ClefFlashConfig(VerifyAndUpdateConfig):
-    """Prefix caching would hand the pooler a prompt without the hidden states of its cached prefix."""
+    """Settings the Clef model needs whoever starts the engine (`vllm serve` included).
+
+    Prefix caching would hand the pooler a prompt without the hidden states of its cached prefix. With vLLM's
+    batch-invariant kernels on (`VLLM_BATCH_INVARIANT=1`), a prompt must also run whole in one step
+    (`clef_vllm.invariance`), so chunked prefill is turned off when the step holds the longest prompt and refused
+    otherwise. On a GPU without FlashInfer, Gated DeltaNet's prefill runs vLLM's Triton kernels."""
 
     @staticmethod
     def verify_and_update_config(vllm_config: VllmConfig) -> None:
         vllm_config.cache_config.enable_prefix_caching = False
+        if invariant_kernels_on():
+            _whole_prompts_per_step(vllm_config)
+        if torch.cuda.is_available() and isinstance(vllm_config.additional_config, dict):
+            from clef_vllm.engine import gpu_defaults
+
+            vllm_config.additional_config.update(gpu_defaults(vllm_config.additional_config))
+
+
+def _whole_prompts_per_step(vllm_config: VllmConfig) -> None:
+    scheduler = vllm_config.scheduler_config
+    longest = vllm_config.model_config.max_model_len
+    if scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens < longest:
+        raise SettingsError(
+            f"VLLM_BATCH_INVARIANT=1 needs whole prompts in a step: max_num_batched_tokens "
+            f"{scheduler.max_num_batched_tokens} is below max_model_len {longest} "
+            "(pass --no-enable-chunked-prefill --max-num-batched-tokens N with N >= max_model_len)"
+        )
+    scheduler.enable_chunked_prefill = False
 
 
 def local_release_dir(model: str, revision: str | None) -> Path:
@@ -79,6 +103,10 @@ class JointSchemaPooler(Pooler):
         return PoolingParamsUpdate(requires_token_ids=task == "token_classify")
 
     def forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
+        with torch.profiler.record_function(POOLER_RANGE):  # names the pooler's share in a profile
+            return self._forward(hidden_states, pooling_metadata)
+
+    def _forward(self, hidden_states: torch.Tensor, pooling_metadata: PoolingMetadata) -> PoolerOutput:
         pooled = self.accumulate(hidden_states, pooling_metadata)
         params = pooling_metadata.pooling_params
         outputs: list[torch.Tensor | None] = list(pooled)
@@ -130,6 +158,9 @@ class ClefFlashForJointSchema(Qwen3_5ForConditionalGeneration):
     is_pooling_model = True
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "model") -> None:
+        if invariant_kernels_on():
+            accept_gdn_layers()  # before the layers pick their attention backends
+            keep_cublas_for_bf16_linears()
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         model_config = vllm_config.model_config
         self.head_dir = find_head_dir(local_release_dir(model_config.model, model_config.revision))

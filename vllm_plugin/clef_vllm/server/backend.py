@@ -22,7 +22,7 @@ import torch
 from clef_vllm.answers import response_from_logits
 from clef_vllm.encoder import Encoder, load_tokenizer
 from clef_vllm.encoding import Encoding
-from clef_vllm.engine import apply_cpu_defaults, engine_prompt
+from clef_vllm.engine import engine_prompt, prepare_engine_process
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.request import ClefRequest
 from clef_vllm.server.model_info import model_info
@@ -110,7 +110,7 @@ class EngineBackend:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        apply_cpu_defaults()
+        prepare_engine_process(self.config.batch_invariant)
         show_vllm_warnings_once()
         # vLLM labels its metrics with this name: the one /v1/models shows, never the folder's path.
         name = model_info(self.config.model, self.config.served_model_name).name

@@ -59,6 +59,10 @@ def _add_flag(
         action = "store_false" if config_field.default is True else "store_true"
         parser.add_argument(flag, dest=config_field.name, action=action, help=how.help)
         return
+    if kind is tuple:  # a repeatable flag; its values in the order given
+        metavar = "KEY=VALUE" if "KEY=VALUE" in how.help else "VALUE"
+        parser.add_argument(flag, dest=config_field.name, action="append", default=[], metavar=metavar, help=how.help)
+        return
     required = config_field.default is dataclasses.MISSING
     shown = how.show_default and not required and config_field.default is not None
     parser.add_argument(
@@ -85,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
         how = setting_of(config_field)
         if how is None:
             continue
-        kinds = [kind for kind in typing.get_args(hints[config_field.name]) if kind is not type(None)]
-        kind = kinds[0] if kinds else hints[config_field.name]
+        hint = hints[config_field.name]
+        kinds = [kind for kind in typing.get_args(hint) if kind is not type(None)]
+        kind = tuple if typing.get_origin(hint) is tuple else kinds[0] if kinds else hint
         if how.group is not None and how.group not in groups:
             groups[how.group] = parser.add_argument_group(how.group)
         _add_flag(parser if how.group is None else groups[how.group], config_field, how, kind)
@@ -100,6 +105,7 @@ def parse_args(argv: list[str] | None = None) -> ServeConfig:
         how = setting_of(config_field)
         if how is not None and how.env is not None:
             values[config_field.name] = values[config_field.name] or os.environ.get(how.env) or None
+    values = {name: tuple(value) if isinstance(value, list) else value for name, value in values.items()}
     try:
         return ServeConfig(**values)
     except SettingsError as exc:
@@ -121,6 +127,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         local_release(config.model)
     except CheckpointError as exc:
+        refuse(str(exc))
+    try:
+        config.engine_overrides()
+    except SettingsError as exc:
         refuse(str(exc))
     try:
         config.check()

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH
+from clef_vllm.engine_options import COMMON_FLAGS
+from clef_vllm.engine_options import FLAG as ENGINE_ARG_FLAG
+from clef_vllm.engine_options import HELP as ENGINE_ARG_HELP
 from clef_vllm.errors import SettingsError
 from clef_vllm.request import DEFAULT_LIMITS, Limits
 from clef_vllm.server.connections import ConnectionLimits
@@ -74,6 +77,19 @@ def out_of_bounds(config_field: dataclasses.Field[Any], value: Any) -> str | Non
     return None
 
 
+# Engine arguments that are clef-systemone flags (`--engine-arg` refuses them and names the flag).
+SERVER_ENGINE_FLAGS = {
+    **COMMON_FLAGS,
+    "served_model_name": "--served-model-name",
+    "tensor_parallel_size": "--tp",
+    "data_parallel_size": "--dp",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "limit_mm_per_prompt": "--limit-images and --limit-videos",
+    "language_model_only": "--language-model-only",
+}
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """Everything `clef-systemone` is started with: the flags (fields with a `Setting`), and the request limits
@@ -107,17 +123,27 @@ class ServeConfig:
     tensor_parallel_size: int = setting(1, help="tensor parallel size", flag="--tp", at_least=1)
     data_parallel_size: int = setting(1, help="data parallel engines (one per GPU), one port", flag="--dp", at_least=1)
     # One whole prompt per engine step: the same request gets the same bits whatever else is in flight.
+    # Answers that do not move with load (clef_vllm.invariance: batch-invariant kernels on a GPU, one prompt per
+    # step on a CPU).
     batch_invariant: bool = setting(
         True,
-        help="let vLLM batch several prompts per step and split long ones (--max-num-seqs, "
-        "--max-num-batched-tokens): more requests/s under load, but probabilities then move in the third decimal "
-        "with what else is in flight. By default each step runs one whole prompt and answers never depend on load",
+        help="let vLLM batch and split prompts freely (--max-num-seqs, --max-num-batched-tokens): probabilities then "
+        "move in the third decimal with what else is in flight. By default answers never depend on load: on a GPU "
+        "vLLM batches whole prompts with its batch-invariant kernels, on a CPU each step runs one whole prompt",
     )
-    max_num_seqs: int | None = setting(None, help="prompts per engine step (needs --no-batch-invariant)")
+    max_num_seqs: int | None = setting(
+        None,
+        help="prompts per engine step (default: vLLM's on a GPU, 1 on a CPU, where more need --no-batch-invariant)",
+    )
     max_num_batched_tokens: int | None = setting(
-        None, help="tokens per engine step (default --max-model-len; lower values need --no-batch-invariant)"
+        None,
+        help="tokens per engine step (default: the larger of 16384 and --max-model-len on a GPU, --max-model-len on "
+        "a CPU; lower values need --no-batch-invariant)",
     )
-    enforce_eager: bool = setting(False, help="skip graph capture and compilation")
+    enforce_eager: bool = setting(
+        False, help="skip graph capture and compilation (on a GPU both are on by default; a CPU starts faster without)"
+    )
+    engine_arg: tuple[str, ...] = setting((), help=ENGINE_ARG_HELP, flag=ENGINE_ARG_FLAG, show_default=False)
     limit_images: int = setting(
         DEFAULT_LIMITS.max_images,
         help="images per request, assets included; 0 refuses images",
@@ -178,11 +204,18 @@ class ServeConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens,
         }
 
+    def engine_overrides(self) -> dict[str, Any]:
+        """The `--engine-arg` settings; the engine arguments this server has a flag for are refused there."""
+        from clef_vllm.engine_options import engine_overrides
+
+        return engine_overrides(self.engine_arg, SERVER_ENGINE_FLAGS)
+
     def check(self) -> None:
         """Raise `SettingsError` for contradicting settings, before anything is loaded."""
         from clef_vllm.engine import schedule_args
 
         schedule_args(**self._schedule())
+        self.engine_overrides()
 
     def engine_kwargs(self) -> dict[str, Any]:
         from clef_vllm.engine import engine_args
@@ -195,4 +228,5 @@ class ServeConfig:
             served_model_name=self.served_model_name,
             **self._schedule(),
             **({"enforce_eager": True} if self.enforce_eager else {}),
+            **self.engine_overrides(),
         )

@@ -1,0 +1,398 @@
+"""Serving modes side by side: each release in each mode, offline and through `clef-systemone`, in one run.
+
+For every (release, mode) pair one `ClefEngine` starts and measures, in this order:
+1. throughput: the whole workload in one `logits` call, `repeats` times -> records/s and tokens/s;
+2. invariance under load: `probes` records scored alone, one call each, against the same records inside the
+   full batch (and the batch against itself across repeats) -> how many are bit-identical, and the largest
+   probability difference;
+3. latency: `latency_requests` single requests one after another -> p50 and p95 in ms;
+4. optionally a profile of single requests (vLLM's torch profiler in the engine core): GPU kernel time by part of
+   the model, and the share of the wall time the GPU sat idle (scheduling, IPC, launch gaps).
+Then `clef-systemone` serves each release given to `server_releases` in the default mode at 1, 8 and 64 clients.
+Results go to a JSON file after every step, so a run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clef_quant.bench.profile_trace import Breakdown, kernel_breakdown, newest_trace
+from clef_quant.progress import Progress, Stages
+from clef_vllm.invariance import BF16_GEMM_ENV
+from clef_vllm.request import DEFAULT_LIMITS
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way of running the engine: the batch-invariance switch plus engine arguments."""
+
+    name: str
+    batch_invariant: bool
+    engine_kwargs: dict[str, Any]
+    about: str
+    env: dict[str, str] = field(default_factory=dict)  # read by the engine's processes when they start
+
+
+# Same token budget per step for the batched modes, so their difference is the invariance, not the step size.
+STEP_TOKENS = 16384
+MODES = {
+    mode.name: mode
+    for mode in (
+        Mode("invariant", True, {}, "the default: answers independent of load"),
+        Mode(
+            "invariant-cublas",
+            True,
+            {},
+            "the default with cuBLAS (split-K off) for bf16 linears instead of vLLM's batch-invariant Triton matmul",
+            env={BF16_GEMM_ENV: "cublas"},
+        ),
+        Mode(
+            "batched",
+            False,
+            {"max_num_batched_tokens": STEP_TOKENS},
+            "--no-batch-invariant: vLLM batches and splits prompts freely",
+        ),
+        Mode("one-per-step", True, {"max_num_seqs": 1}, "one whole prompt per engine step (the CPU's method)"),
+        Mode("invariant-eager", True, {"enforce_eager": True}, "the default without torch.compile and CUDA graphs"),
+        Mode("batched-eager", False, {"max_num_batched_tokens": STEP_TOKENS, "enforce_eager": True}, "batched, eager"),
+    )
+}
+MODE_NAMES = tuple(MODES)
+# The workload is text: the vision tower stays unloaded, as `clef-systemone --language-model-only` does.
+TEXT_ONLY = replace(DEFAULT_LIMITS, max_images=0, max_videos=0)
+CLIENT_COUNTS = (1, 8, 64)
+
+
+@dataclass
+class ModeRun:
+    release: str
+    scheme: str
+    mode: str
+    engine: dict[str, str]
+    start_s: float
+    records_s: list[float] = field(default_factory=list)
+    tokens_s: list[float] = field(default_factory=list)
+    probes: int = 0
+    alone_identical: int = 0
+    alone_max_dp: float = 0.0
+    repeats_identical: bool = True
+    repeats_max_dp: float = 0.0
+    latency_ms: list[float] = field(default_factory=list)
+    breakdown: Breakdown | None = None
+    error: str | None = None
+
+    @property
+    def best_records_s(self) -> float:
+        return max(self.records_s, default=0.0)
+
+
+@dataclass
+class ServerRun:
+    release: str
+    scheme: str
+    mode: str
+    clients: int
+    requests_s: float
+    latency_ms: list[float]
+    errors: int
+    identical_to_one_client: int | None = None
+
+
+@dataclass
+class ModesResult:
+    machine: str
+    versions: str
+    command: str
+    records: int
+    tokens: int
+    questions: int
+    max_model_len: int
+    runs: list[ModeRun] = field(default_factory=list)
+    servers: list[ServerRun] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def read_result(path: Path) -> ModesResult:
+    """A result that `run_modes` saved, to add more releases or modes to."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    runs = []
+    for run in data.pop("runs"):
+        breakdown = run.pop("breakdown")
+        runs.append(ModeRun(**run, breakdown=None if breakdown is None else Breakdown(**breakdown)))
+    servers = [ServerRun(**server) for server in data.pop("servers")]
+    return ModesResult(**data, runs=runs, servers=servers)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def compare(first: list[torch.Tensor], second: list[torch.Tensor]) -> tuple[int, float]:
+    """How many pairs are bit-identical, and the largest absolute difference over all of them."""
+    import torch
+
+    identical = sum(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    worst = max(((a - b).abs().max().item() for a, b in zip(first, second, strict=True) if a.numel()), default=0.0)
+    return identical, worst
+
+
+def measure_engine(
+    engine: Any,
+    encodings: list[Any],
+    run: ModeRun,
+    *,
+    repeats: int,
+    probes: int,
+    latency_requests: int,
+    profile_dir: Path | None,
+    save: Callable[[], None],
+) -> None:
+    """Steps 1-4 of the module docstring on one started engine, saving after each."""
+    tokens = sum(e.num_tokens for e in encodings)
+    engine.logits(encodings[:8])  # warm-up: lazy setup and the first compile of each shape stay out of the timing
+    batches = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        batches.append(engine.logits(encodings))
+        elapsed = time.perf_counter() - start
+        run.records_s.append(len(encodings) / elapsed)
+        run.tokens_s.append(tokens / elapsed)
+        save()
+    for later in batches[1:]:
+        identical, worst = compare(batches[0], later)
+        run.repeats_identical &= identical == len(encodings)
+        run.repeats_max_dp = max(run.repeats_max_dp, worst)
+    alone = [engine.logits([encoding])[0] for encoding in encodings[:probes]]
+    run.probes = len(alone)
+    run.alone_identical, run.alone_max_dp = compare(alone, batches[0][:probes])
+    save()
+    for encoding in encodings[:latency_requests]:
+        start = time.perf_counter()
+        engine.logits([encoding])
+        run.latency_ms.append((time.perf_counter() - start) * 1000)
+    save()
+    if profile_dir is not None:
+        run.breakdown = profile_single_requests(engine, encodings[:4], profile_dir)
+        save()
+
+
+def profile_single_requests(engine: Any, encodings: list[Any], trace_dir: Path) -> Breakdown:
+    """Single requests under vLLM's torch profiler (the engine was started with it configured): where the wall
+    time of one request goes."""
+    engine.llm.start_profile()
+    start = time.perf_counter()
+    for encoding in encodings:
+        engine.logits([encoding])
+    wall_ms = (time.perf_counter() - start) * 1000 / len(encodings)
+    engine.llm.stop_profile()
+    breakdown = kernel_breakdown(written_trace(trace_dir), requests=len(encodings))
+    breakdown.wall_ms = wall_ms
+    return breakdown
+
+
+def written_trace(trace_dir: Path, timeout_s: float = 180.0) -> Path:
+    """The trace the workers write after `stop_profile`, once its size has stopped changing."""
+    deadline = time.monotonic() + timeout_s
+    last = -1
+    while True:
+        try:
+            trace = newest_trace(trace_dir)
+            size = trace.stat().st_size
+        except FileNotFoundError:
+            trace, size = None, -1
+        if trace is not None and size == last and size > 0:
+            return trace
+        if time.monotonic() > deadline:
+            return newest_trace(trace_dir)
+        last = size
+        time.sleep(2.0)
+
+
+def profiler_engine_kwargs(trace_dir: Path) -> dict[str, Any]:
+    return {
+        "profiler_config": {
+            "profiler": "torch",
+            "torch_profiler_dir": str(trace_dir.resolve()),
+            "torch_profiler_with_stack": False,
+            "torch_profiler_use_gzip": False,
+            "torch_profiler_dump_cuda_time_total": False,
+            "ignore_frontend": True,
+        }
+    }
+
+
+@contextlib.contextmanager
+def started_engine(folder: Path, mode: Mode, max_model_len: int, extra: dict[str, Any]) -> Iterator[Any]:
+    import os
+
+    from clef_vllm.engine import ClefEngine
+
+    saved = {name: os.environ.get(name) for name in mode.env}
+    os.environ.update(mode.env)
+    try:
+        engine = ClefEngine(
+            folder,
+            max_model_len=max_model_len,
+            batch_invariant=mode.batch_invariant,
+            limits=TEXT_ONLY,
+            **{**mode.engine_kwargs, **extra},
+        )
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    try:
+        yield engine
+    finally:
+        engine.close()
+        del engine
+        gc.collect()
+
+
+def run_modes(
+    releases: list[tuple[str, Path, list[Mode]]],
+    bodies: list[dict[str, Any]],
+    result: ModesResult,
+    save_to: Path,
+    *,
+    repeats: int = 3,
+    probes: int = 16,
+    latency_requests: int = 20,
+    profile: tuple[str, str] | None = None,
+    server_releases: list[str] | None = None,
+    engine_kwargs: dict[str, Any] | None = None,
+    server_flags: list[str] | None = None,
+    progress: Progress | None = None,
+) -> ModesResult:
+    """Every release in each of its modes, then the servers; `profile` names the (release, mode) pair to profile."""
+    from clef_vllm.encoder import Encoder
+    from clef_vllm.request import parse_request
+
+    def save() -> None:
+        save_to.parent.mkdir(parents=True, exist_ok=True)
+        save_to.write_text(json.dumps(asdict(result), indent=2), encoding="utf-8")
+
+    stage = Stages(progress)
+    encoder = Encoder(releases[0][1], max_length=result.max_model_len)
+    encodings = [encoder.encode(parse_request(body)) for body in bodies]
+    for scheme, folder, modes in releases:
+        for mode in modes:
+            stage(f"{scheme}, {mode.name}")
+            extra = dict(engine_kwargs or {})
+            trace_dir = save_to.parent / f"traces-{scheme}-{mode.name}"
+            profiled = profile == (scheme, mode.name)
+            if profiled:
+                extra.update(profiler_engine_kwargs(trace_dir))
+            start = time.perf_counter()
+            run = ModeRun(
+                str(folder), scheme, mode.name, {k: repr(v) for k, v in {**mode.engine_kwargs, **extra}.items()}, 0.0
+            )
+            result.runs.append(run)
+            try:
+                with started_engine(folder, mode, result.max_model_len, extra) as engine:
+                    run.start_s = time.perf_counter() - start
+                    measure_engine(
+                        engine,
+                        encodings,
+                        run,
+                        repeats=repeats,
+                        probes=probes,
+                        latency_requests=latency_requests,
+                        profile_dir=trace_dir if profiled else None,
+                        save=save,
+                    )
+            except Exception as exc:  # one mode that cannot run on this machine is a result, not the end of the run
+                run.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            save()
+    for scheme, folder, _ in releases:
+        if scheme not in (server_releases or []):
+            continue
+        stage(f"clef-systemone, {scheme}")
+        result.servers += serve_at_client_counts(folder, scheme, bodies, result.max_model_len, server_flags or [])
+        save()
+    stage.done()
+    return result
+
+
+def serve_at_client_counts(
+    folder: Path, scheme: str, bodies: list[dict[str, Any]], max_model_len: int, flags: list[str]
+) -> list[ServerRun]:
+    """One `clef-systemone` in the default mode; the workload at each client count, answers compared with the
+    one-client run's."""
+    import asyncio
+    import tempfile
+
+    from clef_quant.bench.processes import free_port, running, systemone_command
+
+    port = free_port()
+    runs: list[ServerRun] = []
+    command = systemone_command(folder, port, "--max-model-len", str(max_model_len), "--language-model-only", *flags)
+    with tempfile.TemporaryDirectory() as logs, running(command, port, Path(logs) / "systemone.log"):
+        url = f"http://127.0.0.1:{port}/v1/systemone"
+        baseline: list[Any] | None = None
+        for clients in CLIENT_COUNTS:
+            rate, latencies, answers, errors = asyncio.run(_timed_clients(url, bodies, clients))
+            run = ServerRun(str(folder), scheme, "invariant", clients, rate, latencies, errors)
+            if baseline is None:
+                baseline = answers
+            else:
+                run.identical_to_one_client = sum(a == b for a, b in zip(baseline, answers, strict=True))
+            runs.append(run)
+    return runs
+
+
+async def _timed_clients(
+    url: str, bodies: list[dict[str, Any]], clients: int
+) -> tuple[float, list[float], list[Any], int]:
+    """`clients` concurrent clients send every body once: requests/s, each request's latency in ms, the answers in
+    body order, and how many failed."""
+    import asyncio
+
+    import httpx
+
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for index in range(len(bodies)):
+        queue.put_nowait(index)
+    latencies: list[float] = []
+    answers: list[Any] = [None] * len(bodies)
+    errors = 0
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal errors
+        while not queue.empty():
+            index = queue.get_nowait()
+            start = time.perf_counter()
+            response = await http.post(url, json=bodies[index], timeout=600)
+            latencies.append((time.perf_counter() - start) * 1000)
+            if response.status_code == 200:
+                answers[index] = response.json()["answers"]
+            else:
+                errors += 1
+
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=clients)) as http:
+        for body in bodies[:4]:  # warm-up
+            await http.post(url, json=body, timeout=600)
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        rate = len(bodies) / (time.perf_counter() - start)
+    return rate, latencies, answers, errors
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")

@@ -1,0 +1,125 @@
+"""The markdown report of `clef-quant bench modes` (its JSON is the `ModesResult` itself)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from clef_quant.bench.modes import MODES, ModeRun, ModesResult, median, percentile
+from clef_quant.formatting import facts_table, markdown_table, utc_minute
+
+
+def _rate(run: ModeRun) -> str:
+    return f"{run.best_records_s:.1f}" if run.records_s else "n/a"
+
+
+def _batched_peer(result: ModesResult, run: ModeRun) -> ModeRun | None:
+    return next(
+        (r for r in result.runs if r.scheme == run.scheme and r.mode == "batched" and r.records_s and r is not run),
+        None,
+    )
+
+
+def _offline_invariant(result: ModesResult, scheme: str) -> ModeRun | None:
+    return next((r for r in result.runs if r.scheme == scheme and r.mode == "invariant" and r.records_s), None)
+
+
+def render_markdown(result: ModesResult) -> str:
+    facts = {
+        "machine": result.machine,
+        "date": utc_minute(),
+        "versions": result.versions,
+        "command": f"`{result.command}`",
+        "workload": f"{result.records} requests of {result.tokens / max(1, result.records):,.0f} prompt tokens on "
+        f"average ({result.tokens:,} in all), {result.questions} questions each (`serving_requests`), "
+        f"max model len {result.max_model_len}",
+        "timing": "records/s: the best of the repeats of one `ClefEngine.logits` call over every request, after a "
+        "warm-up; latency: single requests one after another; server: every request once at each client count",
+    }
+    lines = [*facts_table("Serving modes side by side: throughput, invariance, latency", facts), ""]
+    lines += ["## Modes", ""]
+    lines += [
+        f"- `{mode.name}`: {mode.about}" for mode in MODES.values() if any(r.mode == mode.name for r in result.runs)
+    ]
+    lines += ["", "## Offline throughput and invariance", ""]
+    rows = []
+    for run in result.runs:
+        if run.error:
+            rows.append([run.scheme, run.mode, "failed", "", "", "", "", run.error])
+            continue
+        peer = _batched_peer(result, run)
+        ratio = f"{run.best_records_s / peer.best_records_s:.2f}" if peer else ""
+        rows.append(
+            [
+                run.scheme,
+                run.mode,
+                _rate(run),
+                f"{max(run.tokens_s, default=0):,.0f}",
+                ratio,
+                f"{run.alone_identical}/{run.probes} (max dp {run.alone_max_dp:.2g})",
+                "yes" if run.repeats_identical else f"no (max dp {run.repeats_max_dp:.2g})",
+                f"{run.start_s:.0f}",
+            ]
+        )
+    header = [
+        "release",
+        "mode",
+        "records/s",
+        "tokens/s",
+        "vs batched",
+        "alone = in the batch",
+        "batch = batch again",
+        "engine start s",
+    ]
+    lines += [markdown_table(header, rows, "llrrrrrr"), ""]
+    lines += ["## One request at a time (offline engine)", ""]
+    latency = [
+        [run.scheme, run.mode, f"{median(run.latency_ms):.1f}", f"{percentile(run.latency_ms, 0.95):.1f}"]
+        for run in result.runs
+        if run.latency_ms
+    ]
+    lines += [markdown_table(["release", "mode", "p50 ms", "p95 ms"], latency, "llrr"), ""]
+    if result.servers:
+        lines += ["## clef-systemone (default mode)", ""]
+        rows = []
+        for server in result.servers:
+            offline = _offline_invariant(result, server.scheme)
+            rows.append(
+                [
+                    server.scheme,
+                    str(server.clients),
+                    f"{server.requests_s:.1f}",
+                    f"{median(server.latency_ms):.1f}",
+                    f"{percentile(server.latency_ms, 0.95):.1f}",
+                    f"{server.requests_s / offline.best_records_s:.2f}" if offline else "",
+                    ""
+                    if server.identical_to_one_client is None
+                    else f"{server.identical_to_one_client}/{result.records}",
+                    str(server.errors),
+                ]
+            )
+        header = ["release", "clients", "requests/s", "p50 ms", "p95 ms", "vs offline", "answers = 1 client", "errors"]
+        lines += [markdown_table(header, rows), ""]
+    for run in result.runs:
+        if run.breakdown is None:
+            continue
+        b = run.breakdown
+        lines += [f"## Where one request's time goes ({run.scheme}, {run.mode})", ""]
+        rows = [[part, f"{ms:.2f}", f"{ms / b.wall_ms:.0%}" if b.wall_ms else ""] for part, ms in b.parts_ms.items()]
+        rows.append(["GPU idle (scheduling, IPC, launch gaps)", f"{b.idle_ms:.2f}", f"{b.idle_ms / b.wall_ms:.0%}"])
+        rows.append(["wall time per request", f"{b.wall_ms:.2f}", "100%"])
+        lines += [markdown_table(["part", "ms per request", "share"], rows), ""]
+        lines.append(f"{b.kernels:.0f} kernels per request; trace `{b.trace}`.")
+        lines.append("")
+    lines += [f"- {note}" for note in result.notes]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_report(result: ModesResult, out: Path) -> list[Path]:
+    from dataclasses import asdict
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_markdown(result), encoding="utf-8")
+    json_path = out.with_suffix(".json")
+    json_path.write_text(json.dumps(asdict(result), indent=2), encoding="utf-8")
+    return [out, json_path]

@@ -1,0 +1,156 @@
+"""What an engine is started with on a GPU, checked on the CPU: the invariant schedule, the defaults, the
+`--engine-arg` pass-through and the plugin's acceptance of Gated DeltaNet layers in vLLM's batch-invariant mode."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from clef_vllm.errors import SettingsError
+
+
+def test_on_a_gpu_the_invariant_mode_batches_whole_prompts():
+    from clef_vllm.engine import schedule_args
+
+    args = schedule_args(max_model_len=4096, gpu=True)
+    assert args == {"enable_chunked_prefill": False, "max_num_batched_tokens": 16384}
+    # A longer model length raises the step budget to hold the longest prompt whole.
+    assert schedule_args(max_model_len=32768, gpu=True)["max_num_batched_tokens"] == 32768
+    # Several prompts per step are the point on a GPU, so max_num_seqs is the user's.
+    assert schedule_args(max_model_len=4096, max_num_seqs=64, gpu=True)["max_num_seqs"] == 64
+    with pytest.raises(SettingsError, match="long prompts would be split across steps"):
+        schedule_args(max_model_len=4096, max_num_batched_tokens=2048, gpu=True)
+
+
+def test_on_a_cpu_the_invariant_mode_runs_one_prompt_per_step():
+    from clef_vllm.engine import schedule_args
+
+    assert schedule_args(max_model_len=4096, gpu=False) == {"max_num_seqs": 1, "max_num_batched_tokens": 4096}
+    with pytest.raises(SettingsError, match="on a CPU makes answers depend on load"):
+        schedule_args(max_model_len=4096, max_num_seqs=8, gpu=False)
+    # Batched mode leaves vLLM's scheduler alone on either device.
+    assert schedule_args(max_model_len=4096, batch_invariant=False, gpu=True) == {}
+
+
+def test_a_gpu_engine_runs_triton_gdn_prefill_without_flashinfer_unless_told_otherwise():
+    from clef_vllm.engine import engine_args
+
+    pytest.importorskip("vllm")
+    from vllm.utils.flashinfer import has_flashinfer
+
+    if has_flashinfer():
+        pytest.skip("FlashInfer is installed here: vLLM's own choice stands")
+    assert engine_args("folder", gpu=True)["gdn_prefill_backend"] == "triton"
+    assert engine_args("folder", gpu=True, gdn_prefill_backend="flashinfer")["gdn_prefill_backend"] == "flashinfer"
+    assert "gdn_prefill_backend" not in engine_args("folder", gpu=False)
+
+
+def test_engine_args_read_json_values_and_refuse_what_the_plugin_or_a_flag_sets():
+    from clef_vllm.engine_options import engine_overrides
+
+    given = engine_overrides(
+        ["gpu_memory_utilization=0.5", 'compilation_config={"max_cudagraph_capture_size": 2048}', "seed=7"]
+    )
+    assert given == {
+        "gpu_memory_utilization": 0.5,
+        "compilation_config": {"max_cudagraph_capture_size": 2048},
+        "seed": 7,
+    }
+    assert engine_overrides(["gdn-prefill-backend=triton"]) == {"gdn_prefill_backend": "triton"}
+    refusals = {
+        "runner=generate": "set by clef-vllm",
+        "max_model_len=8": "use --max-model-len",
+        "gpu_memory_utilisation=0.5": "did you mean gpu_memory_utilization",
+        "seed": "takes KEY=VALUE",
+    }
+    for text, words in refusals.items():
+        with pytest.raises(SettingsError, match=words):
+            engine_overrides([text])
+    with pytest.raises(SettingsError, match="given twice"):
+        engine_overrides(["seed=1", "seed=2"])
+
+
+def test_clef_systemone_passes_engine_args_to_the_engine_and_names_its_own_flags(tiny_dir, capsys):
+    from clef_vllm.server.cli import main, parse_args
+
+    config = parse_args(
+        ["--model", str(tiny_dir), "--engine-arg", "seed=7", "--engine-arg", "kv_cache_memory_bytes=1073741824"]
+    )
+    engine = config.engine_kwargs()
+    assert (engine["seed"], engine["kv_cache_memory_bytes"]) == (7, 1073741824)
+    with pytest.raises(SystemExit) as info:
+        main(["--model", str(tiny_dir), "--engine-arg", "tensor_parallel_size=2"])
+    assert info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == "error: --engine-arg tensor_parallel_size=...: use --tp"
+
+
+def test_eval_refuses_an_unknown_engine_arg_before_any_work(tmp_path):
+    from clef_quant.cli import app
+
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--reference",
+            "r",
+            "--candidate",
+            "c",
+            "--data",
+            str(tmp_path / "data"),
+            "--out",
+            str(tmp_path / "out"),
+            "--engine-arg",
+            "no_such_argument=1",
+        ],
+    )
+    assert result.exit_code == 2
+    assert "vLLM has no engine argument 'no_such_argument'" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_engine_arg_reaches_the_running_engine(clef_engine, tiny_dir):
+    engine = clef_engine(tiny_dir, seed=1234)
+    assert engine.llm.llm_engine.vllm_config.model_config.seed == 1234
+
+
+def _vllm_config(*, chunked: bool, budget: int, length: int) -> SimpleNamespace:
+    return SimpleNamespace(
+        scheduler_config=SimpleNamespace(enable_chunked_prefill=chunked, max_num_batched_tokens=budget),
+        model_config=SimpleNamespace(max_model_len=length),
+        cache_config=SimpleNamespace(enable_prefix_caching=True),
+        additional_config={},
+    )
+
+
+def test_vllm_serve_in_batch_invariant_mode_gets_whole_prompts_or_a_clear_refusal(monkeypatch):
+    from clef_vllm.invariance import set_invariant_kernels
+    from clef_vllm.vllm_model import ClefFlashConfig
+
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    set_invariant_kernels(True)
+    try:
+        fits = _vllm_config(chunked=True, budget=16384, length=4096)
+        ClefFlashConfig.verify_and_update_config(fits)
+        assert fits.scheduler_config.enable_chunked_prefill is False
+        assert fits.cache_config.enable_prefix_caching is False
+        with pytest.raises(SettingsError, match="needs whole prompts in a step"):
+            ClefFlashConfig.verify_and_update_config(_vllm_config(chunked=True, budget=2048, length=4096))
+    finally:
+        set_invariant_kernels(False)
+    untouched = _vllm_config(chunked=True, budget=2048, length=4096)
+    ClefFlashConfig.verify_and_update_config(untouched)
+    assert untouched.scheduler_config.enable_chunked_prefill is True
+
+
+def test_the_clef_model_lifts_vllms_refusal_of_gdn_layers_in_batch_invariant_mode(monkeypatch):
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
+
+    from clef_vllm.invariance import accept_gdn_layers
+
+    monkeypatch.setattr(GDNAttentionBackend, "supports_batch_invariance", GDNAttentionBackend.supports_batch_invariance)
+    assert GDNAttentionBackend.supports_batch_invariance() is False  # vLLM 0.32's own answer
+    accept_gdn_layers()
+    assert GDNAttentionBackend.supports_batch_invariance() is True

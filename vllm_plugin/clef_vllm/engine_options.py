@@ -1,0 +1,70 @@
+"""`--engine-arg KEY=VALUE`: any vLLM engine argument, passed through by every command that starts an engine.
+
+KEY is a field of vLLM's `EngineArgs` (`gpu_memory_utilization`, `kv_cache_memory_bytes`, `gdn_prefill_backend`,
+`compilation_config`, ...); VALUE is read as JSON when it parses (numbers, `true`, objects) and as text otherwise.
+The arguments that make an engine a Clef engine are the plugin's, and those a command has its own flag for are
+refused with that flag's name, so each setting has one way in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from clef_vllm.errors import SettingsError
+
+FLAG = "--engine-arg"
+HELP = (
+    "a vLLM engine argument, KEY=VALUE, repeatable (e.g. gpu_memory_utilization=0.5, gdn_prefill_backend=triton, "
+    "compilation_config='{\"max_cudagraph_capture_size\": 2048}'); VALUE is read as JSON when it parses"
+)
+
+# What the plugin sets to run the joint schema head; changing any of them breaks the engine or its answers.
+PLUGIN_OWNED = ("model", "runner", "pooler_config", "hf_overrides", "enable_prefix_caching", "dtype", "convert")
+
+# Engine arguments that most commands expose as flags of their own.
+COMMON_FLAGS = {"max_model_len": "--max-model-len", "enforce_eager": "--enforce-eager"}
+
+
+def engine_arg_names() -> frozenset[str]:
+    from vllm.engine.arg_utils import EngineArgs
+
+    return frozenset(field.name for field in dataclasses.fields(EngineArgs))
+
+
+def parse_engine_arg(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` -> (key, value); VALUE as JSON when it parses, else the text itself."""
+    key, sep, raw = text.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or not key:
+        raise SettingsError(f"{FLAG} takes KEY=VALUE, not {text!r}")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key, value
+
+
+def engine_overrides(items: Sequence[str], flags: Mapping[str, str] = COMMON_FLAGS) -> dict[str, Any]:
+    """The engine arguments `items` ask for, checked against vLLM's `EngineArgs`; `flags` maps the keys the command
+    has its own flag for to that flag."""
+    overrides: dict[str, Any] = {}
+    known: frozenset[str] | None = None
+    for text in items:
+        key, value = parse_engine_arg(text)
+        if key in PLUGIN_OWNED:
+            raise SettingsError(f"{FLAG} {key}=... is set by clef-vllm to run the joint schema head")
+        if key in flags:
+            raise SettingsError(f"{FLAG} {key}=...: use {flags[key]}")
+        known = known or engine_arg_names()
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise SettingsError(f"{FLAG}: vLLM has no engine argument {key!r}{hint}")
+        if key in overrides:
+            raise SettingsError(f"{FLAG} {key} is given twice")
+        overrides[key] = value
+    return overrides
