@@ -287,6 +287,7 @@ MAX_MODEL_LEN_COMMANDS = {
     "bench throughput": ENGINE_COMMANDS["bench throughput"],
     "bench serve": ["--model", "M"],
     "bench quantize": ["--model", "M", "--work", "W"],
+    "bench modes": ["--release", "R"],
 }
 
 
