@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from clef_quant import shipped
-from clef_quant.formatting import binary_size, count
+from clef_quant.formatting import binary_size, count, markdown_table
 
 if TYPE_CHECKING:
     import jinja2
@@ -26,11 +26,14 @@ def card_environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         autoescape=False,  # markdown, not HTML
+        extensions=["jinja2.ext.do"],  # tables: rows appended in the template, written by markdown_table
     )
+    env.globals["markdown_table"] = markdown_table
     env.filters["size"] = binary_size
     env.filters["count"] = count
     env.filters["thousands"] = lambda n: f"{n:,}"
     env.filters["pct"] = lambda v: f"{100 * v:.1f}%"
+    env.filters["known"] = lambda value: "?" if value is None else value  # a fact an older file does not have
     env.filters["plural"] = lambda n, word: f"{n:,} {word}" + ("" if n == 1 else "s")
     return env
 

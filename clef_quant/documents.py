@@ -28,14 +28,19 @@ def read_document(
     except OSError as exc:
         raise error(f"cannot read {what} {path}: {exc.strerror}") from None
     if syntax == "YAML":
-        import yaml
-
-        try:
-            return yaml.safe_load(raw), raw
-        except yaml.YAMLError as exc:
-            # PyYAML explains over several lines (with a caret under the spot); one line keeps the CLI's contract.
-            raise error(f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
+        return parse_yaml(raw, where=str(path), error=error), raw
     return parse_json(raw, where=str(path), error=error), raw
+
+
+def parse_yaml(raw: bytes | str, *, where: str, error: type[Exception]) -> Any:
+    """The YAML document in `raw`, or `error("WHERE is not valid YAML: why")` on one line."""
+    import yaml
+
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        # PyYAML explains over several lines (with a caret under the spot); one line keeps the CLI's contract.
+        raise error(f"{where} is not valid YAML: {' '.join(str(exc).split())}") from None
 
 
 def parse_json(raw: bytes | str, *, where: str, error: type[Exception]) -> Any:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from clef_vllm.head_files import HEAD_FILES, HEAD_SUBDIR
+from clef_vllm.plugin import ARCHITECTURE
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
 
 QWEN3_5 = "Qwen3_5ForConditionalGeneration"
@@ -64,7 +65,7 @@ ENGINES: tuple[Engine, ...] = (
     ),
     Engine(
         "vllm serve + clef-vllm",
-        'vllm serve DIR --runner pooling --hf-overrides \'{"architectures": ["ClefFlashForJointSchema"]}\'',
+        f"vllm serve DIR --runner pooling --hf-overrides '{json.dumps({'architectures': [ARCHITECTURE]})}'",
         (QWEN3_5,),
         (ROOT, HEAD_SUBDIR),
         max_questions=DEFAULT_LIMITS.max_questions,

@@ -28,6 +28,56 @@ from clef_vllm.request import ClefRequest
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
+def is_omni(model: Any) -> bool:
+    """A Clef-Omni model (transformers' Qwen3-Omni with its thinker), not a Qwen3.5 one."""
+    return hasattr(model, "thinker")
+
+
+def output_embeddings(model: Any) -> torch.Tensor:
+    """The `lm_head` weight, whose rows the head reads as lexical features."""
+    return (model.thinker.lm_head if is_omni(model) else model.lm_head).weight
+
+
+@torch.inference_mode()
+def record_hidden_states(model: Any, encoding: Encoding, device: torch.device | str) -> torch.Tensor:
+    """Final normed hidden states of one record's tokens, the record alone in its forward pass (no padding)."""
+    ids = torch.tensor([encoding.input_ids], device=device)
+    if not encoding.media_inputs:
+        text_model = model.thinker.model if is_omni(model) else model.model.language_model
+        return text_model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).last_hidden_state[0]
+    inputs = {k: v.to(device) for k, v in encoding.media_inputs.items() if isinstance(v, torch.Tensor)}
+    for key in ("pixel_values", "pixel_values_videos"):
+        if key in inputs:
+            inputs[key] = inputs[key].to(model.dtype)
+    if is_omni(model):
+        return _omni_media_hidden_states(model, ids, inputs)
+    out = model.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **inputs)
+    return out.last_hidden_state[0]
+
+
+def _omni_media_hidden_states(model: Any, ids: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The Omni thinker merges the media features and computes their positions only in its full forward, which
+    ends in `lm_head`; with `lm_head` swapped for the identity its logits are the final normed hidden states."""
+    thinker = model.thinker
+    lm_head = thinker.lm_head
+    thinker.lm_head = torch.nn.Identity()
+    try:
+        out = thinker(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **inputs)
+    finally:
+        thinker.lm_head = lm_head
+    return out.logits[0].to(model.dtype)
+
+
+@torch.inference_mode()
+def record_logits(model: Any, head: Any, encoding: Encoding, device: torch.device | str) -> torch.Tensor:
+    """One record's flat option logits (questions and options in model order), on `device`: the one way the
+    transformers side scores a record, for eval's reference and for scan's bf16 and fake-quantized models alike."""
+    ids = torch.tensor(encoding.input_ids, device=device)
+    hidden = record_hidden_states(model, encoding, device)
+    (logits,) = head([hidden], [ids], [encoding.schema()], output_embeddings(model))
+    return logits
+
+
 @dataclass
 class ScoredRecord:
     encoding: Encoding
@@ -74,15 +124,6 @@ class ReferenceScorer:
         return self._model
 
     @property
-    def _omni(self) -> bool:
-        return hasattr(self.model, "thinker")
-
-    @property
-    def output_embeddings(self) -> torch.Tensor:
-        """The `lm_head` weight, whose rows the head reads as lexical features."""
-        return (self.model.thinker.lm_head if self._omni else self.model.lm_head).weight
-
-    @property
     def head(self) -> Any:
         if self._head is None:
             self._head = load_head(self.head_dir, dtype=self.dtype, device=self.device)
@@ -91,40 +132,13 @@ class ReferenceScorer:
     def encode(self, request: ClefRequest) -> Encoding:
         return self.encoder.encode(request)
 
-    @torch.inference_mode()
     def hidden_states(self, encoding: Encoding) -> torch.Tensor:
         """Final normed hidden states of the record's tokens."""
-        ids = torch.tensor([encoding.input_ids], device=self.device)
-        if not encoding.media_inputs:
-            text_model = self.model.thinker.model if self._omni else self.model.model.language_model
-            return text_model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).last_hidden_state[0]
-        inputs = {k: v.to(self.device) for k, v in encoding.media_inputs.items() if isinstance(v, torch.Tensor)}
-        for key in ("pixel_values", "pixel_values_videos"):
-            if key in inputs:
-                inputs[key] = inputs[key].to(self.model.dtype)
-        if self._omni:
-            return self._omni_media_hidden_states(ids, inputs)
-        out = self.model.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **inputs)
-        return out.last_hidden_state[0]
+        return record_hidden_states(self.model, encoding, self.device)
 
-    def _omni_media_hidden_states(self, ids: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The Omni thinker merges the media features and computes their positions only in its full forward, which
-        ends in `lm_head`; with `lm_head` swapped for the identity its logits are the final normed hidden states."""
-        thinker = self.model.thinker
-        lm_head = thinker.lm_head
-        thinker.lm_head = torch.nn.Identity()
-        try:
-            out = thinker(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **inputs)
-        finally:
-            thinker.lm_head = lm_head
-        return out.logits[0].to(self.dtype)
-
-    @torch.inference_mode()
     def logits(self, encoding: Encoding) -> torch.Tensor:
         """The record's flat option logits (questions and options in model order), on the scorer's device."""
-        ids = torch.tensor(encoding.input_ids, device=self.device)
-        (logits,) = self.head([self.hidden_states(encoding)], [ids], [encoding.schema()], self.output_embeddings)
-        return logits
+        return record_logits(self.model, self.head, encoding, self.device)
 
     def score(
         self, requests: Sequence[ClefRequest], *, progress: Progress | None = None, task: str = "scoring"

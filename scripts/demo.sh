@@ -46,7 +46,7 @@ step "make-tiny: a random-weight Clef release (the bf16 source)"
 done_step
 
 step "build-data: $PER_TASK evaluation records per task and $CALIBRATION calibration records, from eval/fixtures"
-"$CLI" build-data --out "$OUT/data" --source eval/fixtures --per-task "$PER_TASK" --calibration "$CALIBRATION" \
+"$CLI" build-data --out "$OUT/data" --source eval/fixtures --per-task "$PER_TASK" --calibration-count "$CALIBRATION" \
   --tokenizer "$OUT/tiny"
 done_step
 

@@ -40,7 +40,7 @@ def test_quantize_records_the_options_it_was_given(tiny_dir: Path, tmp_path: Pat
 
 def test_build_data_records_the_options_it_was_given(tiny_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "data"
-    run("build-data", "--out", out, "--source", FIXTURES, "--per-task", "3", "--calibration", "5", "--seed", "7",
+    run("build-data", "--out", out, "--source", FIXTURES, "--per-task", "3", "--calibration-count", "5", "--seed", "7",
         "--task", "boolq", "--tokenizer", tiny_dir)  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["per_task"], summary["calibration_requested"], summary["seed"]) == (3, 5, 7)

@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 from clef_quant.cli import app
 from clef_quant.devices import device_problem
 from clef_quant.formatting import binary_size, count, decimal_size, first_few
-from clef_quant.quantize.registry import schemes
 from clef_quant.tiny.sizes import SIZES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,20 +77,23 @@ def test_a_cuda_device_this_machine_lacks_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "choices"),
+    "args",
     [
-        (["quantize", "SRC", "--out", "OUT", "--scheme", "int3"], [*schemes().names, "auto"]),
-        (["bench", "quantize", "--model", "SRC", "--work", "W", "--scheme", "int3"], [*schemes().names, "auto"]),
+        ["quantize", "SRC", "--out", "OUT", "--scheme", "int3"],
+        ["bench", "quantize", "--model", "SRC", "--work", "W", "--scheme", "int3"],
     ],
 )
-def test_an_unknown_scheme_lists_every_scheme(args: list[str], choices: list[str]) -> None:
+def test_an_unknown_scheme_lists_every_scheme(args: list[str]) -> None:
+    # Expected from the recipe files themselves, in their `order`, not from the registry under test.
+    choices = [name for name, _ in sorted(recipe_files().items(), key=lambda item: item[1]["order"])]
     line = refused(args)
-    assert line == f"error: unknown scheme 'int3'; choose one of {', '.join(choices)}"
+    assert line == f"error: unknown scheme 'int3'; choose one of {', '.join([*choices, 'auto'])}"
 
 
 def test_scan_names_the_schemes_it_can_scan() -> None:
+    scannable = sorted((f for f in recipe_files().values() if f.get("scan")), key=lambda f: f["scan"]["order"])
     line = refused(["scan", "SRC", "--out", "OUT", "--scheme", "nvfp4", "--scheme", "nvfp4-awq"])
-    assert line == f"error: cannot scan nvfp4-awq; choose one of {', '.join(schemes().scannable())}"
+    assert line == f"error: cannot scan nvfp4-awq; choose one of {', '.join(f['name'] for f in scannable)}"
 
 
 def recipe_files() -> dict[str, dict]:
@@ -263,7 +265,84 @@ def test_the_old_max_length_name_still_cuts_the_state(tiny_dir: Path, tmp_path: 
     assert outputs[0]["max_length"] == 300 and outputs[0]["num_tokens"] == 300
 
 
-def test_calibration_length_is_its_own_idea_in_help() -> None:
-    """--max-seq-len (how much of a calibration record the quantizer sees) is not the engine's --max-model-len."""
-    for command in (["quantize"], ["scan"], ["bench", "quantize"]):
-        assert "not the engine's --max-model-len" in help_words(command).replace("an engine's", "the engine's")
+def test_calibration_length_is_its_own_option() -> None:
+    """--max-seq-len (how much of a calibration record the quantizer sees) is not the engine's --max-model-len:
+    quantize and scan take only the first, and bench quantize, which also evaluates, keeps both apart."""
+    for command in ("quantize", "scan"):
+        args = CALIBRATION_COMMANDS[command][1:]
+        assert parsed_options([command], [*args, "--max-seq-len", "64"])["max_seq_len"] == 64
+        line = refused([command, *args, "--max-model-len", "64"])
+        assert line.startswith("error: ") and "--max-model-len" in line
+    both = parsed_options(
+        ["bench", "quantize"], ["--model", "M", "--work", "W", "--max-seq-len", "64", "--max-model-len", "512"]
+    )
+    assert (both["max_seq_len"], both["max_model_len"]) == (64, 512)
+
+
+# Every command that takes --max-model-len, with the arguments it needs besides it.
+MAX_MODEL_LEN_COMMANDS = {
+    "encode": ["--model", "M", "R.json"],
+    "score": ["--model", "M", "R.json"],
+    "eval": ENGINE_COMMANDS["eval"],
+    "bench throughput": ENGINE_COMMANDS["bench throughput"],
+    "bench serve": ["--model", "M"],
+    "bench quantize": ["--model", "M", "--work", "W"],
+    "bench modes": ["--release", "R"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(MAX_MODEL_LEN_COMMANDS))
+def test_max_model_len_has_one_bound_everywhere(command: str) -> None:
+    """At least 1 in every command, as in clef-systemone: the shortest length one accepts, every other accepts."""
+    assert (
+        parsed_options(command.split(), [*MAX_MODEL_LEN_COMMANDS[command], "--max-model-len", "1"])["max_model_len"]
+        == 1
+    )
+    line = refused([*command.split(), *MAX_MODEL_LEN_COMMANDS[command], "--max-model-len", "0"])
+    assert "--max-model-len" in line and "greater than or equal to 1" in line
+
+
+CALIBRATION_COMMANDS = {
+    "quantize": ["quantize", "SRC", "--out", "OUT", "--scheme", "nvfp4"],
+    "scan": ["scan", "SRC", "--out", "OUT"],
+    "bench quantize": ["bench", "quantize", "--model", "M", "--work", "W"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(CALIBRATION_COMMANDS))
+@pytest.mark.parametrize(
+    ("given", "line"),
+    [
+        (["--calibration-records", "0"], "error: --calibration-records must be at least 1"),
+        (["--max-seq-len", "0"], "error: --max-seq-len must be at least 1"),
+        (["--max-seq-len", "2k"], "error: --max-seq-len must be a whole number, not '2k'"),
+    ],
+)
+def test_calibration_counts_are_refused_alike_everywhere(command: str, given: list[str], line: str) -> None:
+    """The library's own check: `quantize`'s and `scan`'s Python callers are refused in the same words."""
+    assert refused([*CALIBRATION_COMMANDS[command], *given]) == line
+
+
+def test_the_library_refuses_calibration_settings_in_the_command_line_words(tmp_path: Path) -> None:
+    from clef_quant.quantize.errors import QuantizeError
+    from clef_quant.quantize.scan import ScanConfig, scan
+
+    with pytest.raises(QuantizeError) as caught:
+        scan(ScanConfig(source=str(tmp_path), out=tmp_path / "scan", calibration_records=1, max_seq_len=0))
+    assert f"error: {caught.value}" == "error: --max-seq-len must be at least 1"
+    with pytest.raises(QuantizeError) as caught:
+        scan(ScanConfig(source=str(tmp_path), out=tmp_path / "scan", schemes=("nvfp4-awq",)))
+    assert f"error: {caught.value}" == refused(["scan", "SRC", "--out", "OUT", "--scheme", "nvfp4-awq"])
+
+
+def test_build_data_count_has_its_own_name_and_reads_the_old_one_with_a_warning(tmp_path: Path) -> None:
+    common = ["build-data", "--out", str(tmp_path / "d"), "--source", "fixtures", "--per-task", "1", "--task", "boolq"]
+    new = CliRunner().invoke(app, [*common, "--calibration-count", "3"])
+    old = CliRunner().invoke(app, [*common[:2], str(tmp_path / "e"), *common[3:], "--calibration", "3"])
+    assert new.exit_code == 0 and old.exit_code == 0, (new.output, old.output)
+    assert "warning: build-data's --calibration is now --calibration-count" in old.stderr
+    assert "--calibration" not in new.stderr
+    for folder in ("d", "e"):
+        assert len((tmp_path / folder / "calibration.jsonl").read_text().splitlines()) == 3
+    words = help_words(["build-data"])
+    assert "--calibration-count" in words and "--calibration " not in words.replace("quantize's --calibration", "")

@@ -55,7 +55,7 @@ def cli(*args: str) -> Any:
 def build(out: Path, *extra: str) -> Any:
     return cli(
         "build-data", "--out", str(out), "--source", str(FIXTURES),
-        "--per-task", str(PER_TASK), "--calibration", str(CALIBRATION), *extra,
+        "--per-task", str(PER_TASK), "--calibration-count", str(CALIBRATION), *extra,
     )  # fmt: skip
 
 
@@ -89,6 +89,21 @@ def test_build_data_writes_seven_tasks_and_calibration(data_dir: Path) -> None:
     # The calibration file is what `clef-quant quantize --calibration` reads.
     assert len(read_request_bodies(data_dir / "calibration.jsonl")) == CALIBRATION
     assert not (data_dir.parent / "data.partial").exists()
+
+
+def test_the_summary_reads_back_as_written_and_a_wrong_one_is_refused(data_dir: Path, tmp_path: Path) -> None:
+    written = json.loads((data_dir / "summary.json").read_text())
+    summary = read_eval_data(data_dir).summary
+    assert summary.to_json() == written  # nothing lost, nothing added
+    assert (summary.seed, summary.counts.calibration_records, summary.from_hub) == (0, CALIBRATION, False)
+    assert [summary.title(name) for name in sorted(written["tasks"])] == TASK_TITLES
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    (copy / "summary.json").write_text(json.dumps({**written, "counts": {"eval_records": "many"}}))
+    with pytest.raises(DataError) as caught:
+        read_eval_data(copy)
+    assert str(caught.value).startswith(f"{copy / 'summary.json'}: counts.eval_records: ")
+    assert "\n" not in str(caught.value)
 
 
 def test_build_data_measures_lengths_in_the_release_tokens(data_dir: Path, tiny_dir: Path, tmp_path: Path) -> None:
@@ -132,7 +147,7 @@ def test_a_text_in_both_splits_is_kept_out_of_calibration(tmp_path: Path) -> Non
     # The fixture's BANKING77 test and train splits share one text (row 0), as the real splits share a few.
     result = cli(
         "build-data", "--out", str(tmp_path / "d"), "--source", str(FIXTURES), "--task", "banking77",
-        "--per-task", "32", "--calibration", "32",
+        "--per-task", "32", "--calibration-count", "32",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     task = json.loads((tmp_path / "d" / "summary.json").read_text())["tasks"]["banking77"]
@@ -169,7 +184,7 @@ def test_source_fixtures_reads_the_shipped_rows(data_dir: Path, tmp_path: Path) 
     # `--source fixtures` is how an installed clef-quant reaches eval/fixtures; it must be the same data.
     result = cli(
         "build-data", "--out", str(tmp_path / "d"), "--source", "fixtures",
-        "--per-task", str(PER_TASK), "--calibration", str(CALIBRATION),
+        "--per-task", str(PER_TASK), "--calibration-count", str(CALIBRATION),
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     for name in ("calibration.jsonl", *(f"eval/{p.name}" for p in (data_dir / "eval").glob("*.jsonl"))):

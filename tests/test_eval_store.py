@@ -153,7 +153,9 @@ def cli(*args: str) -> Any:
 @pytest.mark.slow
 def test_eval_rescores_and_reports_what_does_not_verify(tiny_dir: Path, tmp_path: Path) -> None:
     data, results = tmp_path / "data", tmp_path / "results"
-    built = cli("build-data", "--out", str(data), "--source", str(FIXTURES), "--per-task", "2", "--calibration", "2")
+    built = cli(
+        "build-data", "--out", str(data), "--source", str(FIXTURES), "--per-task", "2", "--calibration-count", "2"
+    )
     assert built.exit_code == 0, built.output
     # The candidate: the bf16 release repackaged with a NOTICE (another fingerprint). Only the store is under test
     # here, and a bf16 engine scores in seconds on a CPU where FP8 is emulated.

@@ -134,7 +134,9 @@ def test_two_eval_runs_store_the_same_probabilities(tiny_dir: Path, quantized_di
 
     data = tmp_path / "data"
     source = ["--source", str(FIXTURES), "--task", "boolq", "--task", "arc_challenge"]  # short schemas: FP8 is slow
-    built = CliRunner().invoke(app, ["build-data", "--out", str(data), *source, "--per-task", "1", "--calibration=0"])
+    built = CliRunner().invoke(
+        app, ["build-data", "--out", str(data), *source, "--per-task", "1", "--calibration-count=0"]
+    )
     assert built.exit_code == 0, built.output
     runs = []
     for name, engines in (("first", FreshEngines), ("second", ReorderedEngines)):
@@ -165,7 +167,7 @@ def test_the_reference_scores_a_record_the_same_beside_any_others(tiny_dir: Path
 
     data = tmp_path / "data"
     built = CliRunner().invoke(
-        app, ["build-data", "--out", str(data), "--source", str(FIXTURES), "--per-task", "2", "--calibration=0"]
+        app, ["build-data", "--out", str(data), "--source", str(FIXTURES), "--per-task", "2", "--calibration-count=0"]
     )
     assert built.exit_code == 0, built.output
     records = read_eval_data(data).records

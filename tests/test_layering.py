@@ -30,6 +30,31 @@ ALLOWED = {
 }
 COMMAND_LAYER = ("clef_quant.cli", "clef_quant.__main__")
 
+# "Who calls whom" in docs/architecture.md: clef_vllm's three layers, lowest first, each its modules (a package
+# stands for everything under it). An import goes to its own layer or one below, and each layer names the
+# third-party packages it must not import: the format and the head run without vLLM, and nothing under the
+# server speaks HTTP.
+HTTP = frozenset({"fastapi", "starlette", "uvicorn", "h11", "httpx"})
+CLEF_VLLM_LAYERS: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...] = (
+    (
+        "format and head",
+        (
+            "errors", "schema", "state_cut", "media", "request", "encoding", "encoder", "answers",
+            "head_ops", "head", "head_files", "head_graphs", "release_source",
+        ),
+        HTTP | {"vllm"},
+    ),
+    (
+        "vLLM model and engines",
+        (
+            "pooling_contract", "vllm_logs", "cpu_conv1d", "cpu_fp8", "invariance", "engine_options", "vllm_model",
+            "plugin", "engine", "vllm_strategy",
+        ),
+        HTTP,
+    ),
+    ("server", ("server",), frozenset()),
+)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Import:
@@ -175,3 +200,41 @@ def test_only_the_server_reads_the_server_package(graph: list[Import]) -> None:
         if is_under(i.imported, "clef_vllm.server") and not is_under(i.importer, "clef_vllm.server")
     ]
     assert wrong == [], "\n".join(wrong)
+
+
+def clef_vllm_layer(module: str) -> int | None:
+    """The position in CLEF_VLLM_LAYERS of a clef_vllm module; None for the package itself or an unlisted one."""
+    for position, (_, modules, _) in enumerate(CLEF_VLLM_LAYERS):
+        if any(is_under(module, f"clef_vllm.{name}") for name in modules):
+            return position
+    return None
+
+
+def test_every_module_of_clef_vllm_has_a_declared_layer() -> None:
+    unlisted = sorted(
+        m for m in known_modules() if is_under(m, "clef_vllm") and m != "clef_vllm" and clef_vllm_layer(m) is None
+    )
+    assert unlisted == [], f"add to CLEF_VLLM_LAYERS: {', '.join(unlisted)}"
+
+
+def test_clef_vllm_imports_only_its_own_layer_and_those_below(graph: list[Import]) -> None:
+    wrong = []
+    for i in graph:
+        importer = clef_vllm_layer(i.importer) if is_under(i.importer, "clef_vllm") else None
+        if importer is None:
+            continue
+        name, _, refused = CLEF_VLLM_LAYERS[importer]
+        imported = clef_vllm_layer(i.imported) if is_under(i.imported, "clef_vllm") else None
+        if imported is not None and imported > importer:
+            wrong.append(f"{i} ({name} may not import {CLEF_VLLM_LAYERS[imported][0]})")
+        elif i.imported.split(".")[0] in refused:
+            wrong.append(f"{i} ({name} may not import {i.imported.split('.')[0]})")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_the_clef_vllm_layer_check_finds_an_import_that_goes_up() -> None:
+    text = "from clef_vllm.server.settings import ServeConfig\nimport fastapi\n"
+    found = imports_in(text, "clef_vllm.request", False, known_modules(), "request.py")
+    layers = [clef_vllm_layer(i.imported) for i in found if is_under(i.imported, "clef_vllm")]
+    assert layers == [2] and clef_vllm_layer("clef_vllm.request") == 0
+    assert "fastapi" in CLEF_VLLM_LAYERS[0][2] and "fastapi" in CLEF_VLLM_LAYERS[1][2]

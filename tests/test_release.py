@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -33,6 +34,7 @@ from clef_quant.evaluation.metrics import METRICS, format_value
 from clef_quant.evaluation.report import write_results
 from clef_quant.evaluation.results import ALL
 from clef_quant.evaluation.runner import run_eval
+from clef_quant.formatting import markdown_table
 from clef_quant.publish.card import EXAMPLE_REQUEST, REQUIRED_FRONT_MATTER
 from clef_quant.publish.errors import PublishError
 from clef_quant.publish.folder import tree_files
@@ -103,7 +105,9 @@ class SharedEngines:
 def results_dir(tiny_dir: Path, quantized_dir: Any, clef_engine: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real RESULTS folder: build-data on the fixtures, then eval of the tiny FP8_DYNAMIC folder."""
     root = tmp_path_factory.mktemp("release-eval")
-    built = cli("build-data", "--out", root / "data", "--source", FIXTURES, "--per-task", PER_TASK, "--calibration", 0)
+    built = cli(
+        "build-data", "--out", root / "data", "--source", FIXTURES, "--per-task", PER_TASK, "--calibration-count", 0
+    )
     assert built.exit_code == 0, built.output
     config = EvalConfig(
         reference=str(tiny_dir),
@@ -243,7 +247,7 @@ def test_card_prose_says_what_the_release_is(
     assert reproduce == [
         f"clef-quant make-tiny {tiny_dir} --size tiny --seed 0",
         f"clef-quant build-data --out {results_dir.parent / 'data'} --source fixtures --per-task {PER_TASK} "
-        "--calibration 0 --seed 0",
+        "--calibration-count 0 --seed 0",
         f"clef-quant quantize {tiny_dir} --scheme fp8-dynamic --out {folder}",
         f"clef-quant eval --reference {tiny_dir} --candidate {quantized_dir('fp8-dynamic')} "
         f"--data {results_dir.parent / 'data'} --out {results_dir} --max-model-len 4096 --enforce-eager",
@@ -252,6 +256,23 @@ def test_card_prose_says_what_the_release_is(
         f"clef-quant upload {folder} --repo-id {REPO_ID}",
     ]
     assert BASE_MODEL not in "\n".join(reproduce[:4])  # quantized from the tiny folder, not from clef-flash
+
+
+@pytest.mark.slow
+def test_the_cards_build_data_command_rebuilds_the_records_it_was_measured_on(
+    carded: Path, results_dir: Path, tmp_path: Path
+) -> None:
+    """The command is run, not read: with --out elsewhere it writes the very evaluation records eval scored."""
+    reproduce = section((carded / "README.md").read_text(), "Reproduce").split("```bash\n")[1].split("```")[0]
+    words = shlex.split(next(line for line in reproduce.splitlines() if line.startswith("clef-quant build-data")))
+    words[words.index("--out") + 1] = str(tmp_path / "again")
+    rebuilt = CliRunner().invoke(app, words[1:])
+    assert rebuilt.exit_code == 0, rebuilt.output
+    measured = results_dir.parent / "data"
+    files = sorted(p.relative_to(measured) for p in measured.rglob("*.jsonl"))
+    assert files and files == sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*.jsonl"))
+    for name in files:
+        assert (tmp_path / "again" / name).read_bytes() == (measured / name).read_bytes(), name
 
 
 @pytest.mark.slow
@@ -431,6 +452,23 @@ def test_card_states_what_inspect_reads(carded: Path) -> None:
         assert f"`{name}`" in files or f"`{top}/ (" in files, name
 
 
+def table_cells(line: str) -> list[str]:
+    """A pipe-table row as a Markdown renderer splits it: at every `|` not escaped as `\\|`."""
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+
+
+@pytest.mark.slow
+def test_every_card_table_is_one_the_table_writer_writes(carded: Path) -> None:
+    """Each table, read back into header, alignment and cells, is written again by markdown_table to the same text:
+    no table of the card is laid out by hand."""
+    found = tables((carded / "README.md").read_text())
+    assert len(found) >= 7  # facts, quantized, kept, the task summary, sides, quality, files
+    for table in found:
+        header, rule, *rows = table.splitlines()
+        align = "".join("r" if cell.endswith(":") else "l" for cell in table_cells(rule))
+        assert markdown_table(table_cells(header), [table_cells(row) for row in rows], align) == table
+
+
 @pytest.mark.slow
 def test_card_files_join_the_manifest_and_inspect_passes(carded: Path) -> None:
     manifest = manifest_of(carded)
@@ -517,9 +555,9 @@ def manifest_with(**sections: Any) -> Manifest:
 
 
 def quantize_command(manifest: Manifest) -> str:
-    from clef_quant.publish.reproduce import _quantize
+    from clef_quant.publish.reproduce import quantize_command_line
 
-    return _quantize(manifest, manifest.source.id, manifest.source.revision, "out")
+    return quantize_command_line(manifest, manifest.source.id, manifest.source.revision, "out")
 
 
 def test_license_comes_from_the_source_card(tmp_path: Path) -> None:

@@ -176,7 +176,7 @@ def test_build_data_from_the_shipped_fixtures_of_the_install(installed: Path, el
     out = elsewhere / "data"
     clef_quant(
         installed, elsewhere, "build-data", "--out", str(out), "--source", "fixtures", "--per-task", "2",
-        "--calibration", "4",
+        "--calibration-count", "4",
     )  # fmt: skip
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert summary["source"] == "eval/fixtures"  # named as in the repository, not by the install's path

@@ -115,9 +115,17 @@ RevisionOption = Annotated[
 RequestArgument = Annotated[
     str, typer.Argument(help="SystemOne request body as a JSON file, or - for standard input.", metavar="REQUEST.json")
 ]
-MaxModelLenOption = Annotated[
-    int, typer.Option("--max-model-len", min=1, help="Maximum prompt length in tokens; the state is cut to fit.")
-]
+# The one declaration of --max-model-len: every command takes it with the same bound as clef-systemone's
+# (`server/settings.py`, at least 1) and says what it is for in its own words.
+MAX_MODEL_LEN_MIN = 1
+MAX_MODEL_LEN_HELP = "Maximum prompt length in tokens; the state is cut to fit."
+
+
+def max_model_len_option(help_text: str = MAX_MODEL_LEN_HELP, **kwargs: Any) -> Any:
+    return typer.Option("--max-model-len", min=MAX_MODEL_LEN_MIN, metavar="TOKENS", help=help_text, **kwargs)
+
+
+MaxModelLenOption = Annotated[int, max_model_len_option()]
 EnforceEagerOption = Annotated[
     bool,
     typer.Option(
@@ -129,6 +137,68 @@ EnforceEagerOption = Annotated[
 # The calibration length (llm-compressor's max_seq_length) is a separate idea from the engine's --max-model-len:
 # how much of each calibration record the quantizer sees, not what the release accepts; it keeps its own name.
 MAX_SEQ_LEN_HELP = "Calibration length in tokens (not the engine's --max-model-len); the state is cut to fit."
+
+
+def _calibration_check(records: int | None, max_seq_len: int) -> None:
+    from clef_quant.quantize.calibration import check_calibration_settings
+    from clef_quant.quantize.errors import QuantizeError
+
+    try:
+        check_calibration_settings(records, max_seq_len)
+    except QuantizeError as exc:
+        raise fail(str(exc)) from None
+
+
+def parse_calibration_records(value: str) -> int:
+    number = _integer(value, "--calibration-records")
+    _calibration_check(number, 1)
+    return number
+
+
+def parse_max_seq_len(value: str) -> int:
+    number = _integer(value, "--max-seq-len")
+    _calibration_check(None, number)
+    return number
+
+
+def _integer(value: str, flag: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise fail(f"{flag} must be a whole number, not {value!r}") from None
+
+
+def calibration_records_option(help_text: str) -> Any:
+    """`--calibration-records N`: how many calibration records quantize, scan and bench quantize draw."""
+    return typer.Option("--calibration-records", parser=parse_calibration_records, metavar="N", help=help_text)
+
+
+def max_seq_len_option(help_text: str = MAX_SEQ_LEN_HELP) -> Any:
+    return typer.Option("--max-seq-len", parser=parse_max_seq_len, metavar="TOKENS", help=help_text)
+
+
+def parse_scannable(value: str) -> str:
+    from clef_quant.quantize.errors import QuantizeError
+    from clef_quant.quantize.registry import schemes
+
+    try:
+        schemes().check_scannable([value])
+    except QuantizeError as exc:
+        raise fail(str(exc)) from None
+    return value
+
+
+def scan_scheme_option(help_text: str) -> Any:
+    """`--scheme NAME` of scan: a scheme whose units can be switched on alone, checked by the library's check."""
+    from clef_quant.quantize.registry import schemes
+
+    return typer.Option(
+        "--scheme",
+        parser=parse_scannable,
+        metavar="SCHEME",
+        help=f"{help_text} One of {', '.join(schemes().scannable())}.",
+    )
+
 
 # Option names that were renamed to the ones vLLM users know. The old ones are still read on every command,
 # matched before parsing, so they need no option of their own and never show in --help.
@@ -152,6 +222,23 @@ def warn_batch_size_retired(batch_size: int | None) -> None:
             fg=typer.colors.YELLOW,
             err=True,
         )
+
+
+# build-data's count of calibration records was --calibration, which quantize and scan use for a file. Only
+# build-data still reads that spelling (so RENAMED_OPTIONS, which every command reads, cannot hold it), and says so.
+CalibrationCountRenamedOption = Annotated[int | None, typer.Option("--calibration", min=0, hidden=True)]
+
+
+def read_calibration_count(count: int, renamed: int | None) -> int:
+    """build-data's count: --calibration-count, or the old --calibration with a warning naming the new flag."""
+    if renamed is None:
+        return count
+    typer.secho(
+        "warning: build-data's --calibration is now --calibration-count (quantize and scan's --calibration is a file)",
+        fg=typer.colors.YELLOW,
+        err=True,
+    )
+    return renamed
 
 
 def renamed_option(name: str) -> str:

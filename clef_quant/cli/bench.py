@@ -16,13 +16,15 @@ from clef_quant.bench.modes import MODE_NAMES, Mode, ModesResult
 from clef_quant.bench.workload import SERVING_STATE_WORDS
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import (
-    MAX_SEQ_LEN_HELP,
     BatchSizeRetiredOption,
     EnforceEagerOption,
     EngineArgOption,
+    calibration_records_option,
     device_option,
     dtype_option,
     eager_engine_kwargs,
+    max_model_len_option,
+    max_seq_len_option,
     name_choice,
     scheme_option,
     warn_batch_size_retired,
@@ -30,6 +32,7 @@ from clef_quant.cli._options import (
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import LLM_COMPRESSOR_QUIET, VLLM_QUIET, quiet_tools, stage_line
 from clef_quant.formatting import binary_size, utc_minute
+from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN
 from clef_quant.quantize.recipes import AUTO_SCHEME
 from clef_quant.quantize.registry import schemes as scheme_registry
 
@@ -135,7 +138,7 @@ def serve(
     clients: Annotated[
         int | None, typer.Option(min=1, help="Concurrent HTTP clients.", show_default="32; 4 with --long-inputs")
     ] = None,
-    max_model_len: Annotated[int, typer.Option(min=256, help="Maximum prompt length in tokens of every side.")] = 4096,
+    max_model_len: Annotated[int, max_model_len_option("Maximum prompt length in tokens of every side.")] = 4096,
     max_num_batched_tokens: Annotated[
         int, typer.Option(min=256, help="Tokens per engine step of the batched (--no-batch-invariant) runs.")
     ] = 8192,
@@ -271,7 +274,7 @@ def modes(
     state_words: Annotated[
         int, typer.Option(min=1, help="Words in each request's state (325: about 1,500 tokens).")
     ] = SERVING_STATE_WORDS,
-    max_model_len: Annotated[int, typer.Option("--max-model-len", min=256, help="The engines' maximum length.")] = 4096,
+    max_model_len: Annotated[int, max_model_len_option("The engines' maximum length.")] = 4096,
     repeats: Annotated[int, typer.Option(min=1, help="Timed runs of the whole workload per engine.")] = 3,
     probes: Annotated[int, typer.Option(min=1, help="Requests also scored alone, for the invariance check.")] = 16,
     latency_requests: Annotated[int, typer.Option(min=1, help="Single requests timed one after another.")] = 20,
@@ -417,7 +420,7 @@ def throughput(
     image_records: Annotated[
         int, typer.Option(min=0, help="Generated records with one image each, timed as their own row (0: none).")
     ] = 16,
-    max_model_len: Annotated[int, typer.Option(min=256, help="Maximum prompt length for both sides.")] = 4096,
+    max_model_len: Annotated[int, max_model_len_option("Maximum prompt length for both sides.")] = 4096,
     device: Annotated[
         str, device_option("Where the reference runs: cpu, cuda or cuda:N (the plugin runs where vLLM runs).")
     ] = "cpu",
@@ -511,10 +514,10 @@ def quantize(
     scan: Annotated[
         Path | None, typer.Option(help="scan.json of this model: adds `auto` at the size of nvfp4-hybrid.")
     ] = None,
-    calibration_records: Annotated[int, typer.Option(min=1, help="Calibration records for every scheme.")] = 16,
-    max_seq_len: Annotated[int, typer.Option(min=16, help=MAX_SEQ_LEN_HELP)] = 2048,
+    calibration_records: Annotated[int, calibration_records_option("Calibration records for every scheme.")] = 16,
+    max_seq_len: Annotated[int, max_seq_len_option()] = DEFAULT_MAX_SEQ_LEN,
     max_model_len: Annotated[
-        int | None, typer.Option(min=256, help="Prompt length limit for evaluation.", show_default="4096")
+        int | None, max_model_len_option("Prompt length limit for evaluation.", show_default="4096")
     ] = None,
     device: Annotated[
         str | None,

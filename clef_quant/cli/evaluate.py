@@ -13,10 +13,13 @@ from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import (
     BATCH_INVARIANT_HELP,
     BatchSizeRetiredOption,
+    CalibrationCountRenamedOption,
     EnforceEagerOption,
     EngineArgOption,
     device_option,
     eager_engine_kwargs,
+    max_model_len_option,
+    read_calibration_count,
     warn_batch_size_retired,
 )
 from clef_quant.cli._output import results_console
@@ -40,7 +43,16 @@ def build_data(
     per_task: Annotated[
         int, typer.Option(min=1, help="Evaluation records per task (fewer if the split is smaller).")
     ] = 200,
-    calibration: Annotated[int, typer.Option(min=0, help="Calibration records in all, spread over the tasks.")] = 512,
+    calibration_count: Annotated[
+        int,
+        typer.Option(
+            "--calibration-count",
+            min=0,
+            help="Calibration records to write, in all, spread over the tasks (0: none). Not quantize's "
+            "--calibration, which names a file.",
+        ),
+    ] = 512,
+    calibration_renamed: CalibrationCountRenamedOption = None,
     seed: Annotated[int, typer.Option(help="Sampling seed; the same seed and data give the same records.")] = 0,
     source: Annotated[
         str,
@@ -64,7 +76,7 @@ def build_data(
     DATA/summary.json.
 
     Examples:
-      clef-quant build-data --out data/eval --source fixtures --per-task 8 --calibration 32
+      clef-quant build-data --out data/eval --source fixtures --per-task 8 --calibration-count 32
       clef-quant build-data --out data/flash --tokenizer flash   # flash: the bf16 release folder
     """
     _quiet(verbose)
@@ -78,7 +90,7 @@ def build_data(
     config = BuildConfig(
         out=out,
         per_task=per_task,
-        calibration=calibration,
+        calibration_count=read_calibration_count(calibration_count, calibration_renamed),
         seed=seed,
         source=source,
         tokenizer=tokenizer,
@@ -90,14 +102,14 @@ def build_data(
     table = Table(title=f"wrote {result.out}", title_justify="left")
     for column in ("task", "dataset", "eval split", "eval records", "calibration split", "calibration records"):
         table.add_column(column, justify="right" if "records" in column else "left")
-    for name, entry in result.summary["tasks"].items():
+    for name, entry in result.summary.tasks.items():
         table.add_row(
             name,
-            entry["dataset"]["id"],
-            entry["eval"]["split"],
-            str(entry["eval"]["records"]),
-            entry["calibration"]["split"],
-            str(entry["calibration"]["records"]),
+            entry.dataset.id or "",
+            entry.eval.split or "",
+            str(entry.eval.records),
+            entry.calibration.split or "",
+            str(entry.calibration.records),
         )
     results_console().print(table)
 
@@ -125,7 +137,7 @@ def evaluate(
     data: Annotated[Path, typer.Option(help="A DATA folder from clef-quant build-data.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="RESULTS folder: results.json/.csv/.md and probs/.")],
     max_model_len: Annotated[
-        int, typer.Option(min=1, help="Maximum prompt length in tokens, for both sides; the state is cut to fit.")
+        int, max_model_len_option("Maximum prompt length in tokens, for both sides; the state is cut to fit.")
     ] = DEFAULT_MAX_LENGTH,
     batch_size: BatchSizeRetiredOption = None,
     device: Annotated[str, device_option("Where the reference runs: cpu, cuda or cuda:N.")] = "cpu",

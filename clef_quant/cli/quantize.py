@@ -12,15 +12,17 @@ from rich.table import Table
 
 from clef_quant.cli._errors import fail, read_json_file, user_errors
 from clef_quant.cli._options import (
-    MAX_SEQ_LEN_HELP,
     RevisionOption,
+    calibration_records_option,
     device_option,
+    max_seq_len_option,
     scheme_option,
 )
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import quantization_bars
 from clef_quant.formatting import binary_size
 from clef_quant.quantize.auto import check_auto_options
+from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN
 from clef_quant.quantize.recipes import check_recipe_choice
 from clef_quant.quantize.registry import schemes
 
@@ -46,9 +48,9 @@ def quantize(
     ] = None,
     calibration_records: Annotated[
         int | None,
-        typer.Option(help="Records to draw (default 512; from --calibration, else the shipped default file)."),
+        calibration_records_option("Records to draw (default 512; from --calibration, else the shipped default file)."),
     ] = None,
-    max_seq_len: Annotated[int, typer.Option(help=MAX_SEQ_LEN_HELP)] = 2048,
+    max_seq_len: Annotated[int, max_seq_len_option()] = DEFAULT_MAX_SEQ_LEN,
     device: Annotated[str, device_option("Where to calibrate: cpu, cuda or cuda:N.")] = "cpu",
     overwrite: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
     include: Annotated[

@@ -9,9 +9,16 @@ import typer
 from rich.table import Table
 
 from clef_quant.cli._errors import user_errors
-from clef_quant.cli._options import RevisionOption, choice_option, device_option
+from clef_quant.cli._options import (
+    RevisionOption,
+    calibration_records_option,
+    device_option,
+    max_seq_len_option,
+    scan_scheme_option,
+)
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import quantization_bars
+from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN
 from clef_quant.quantize.registry import schemes
 from clef_quant.quantize.scan import DEFAULT_CALIBRATION_RECORDS, DEFAULT_HELDOUT
 
@@ -24,26 +31,25 @@ def scan(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for scan.json, scan.csv, scan.md and scan.png.")],
     scheme: Annotated[
         list[str] | None,
-        choice_option(
-            schemes().scannable(),
-            "scheme",
+        scan_scheme_option(
             f"Candidate scheme, repeatable; default {' and '.join(schemes().default_scan())} (what auto needs). AWQ "
-            "rescales norms and the hybrid is already a mix, so their units cannot be switched on alone.",
-            refusal="cannot scan {value}",
+            "rescales norms and the hybrid is already a mix, so their units cannot be switched on alone."
         ),
     ] = None,
     calibration_file: Annotated[
         Path | None,
         typer.Option("--calibration", help="JSONL of SystemOne requests (default: the shipped calibration file)."),
     ] = None,
-    calibration_records: Annotated[int, typer.Option(help="Records to calibrate on.")] = DEFAULT_CALIBRATION_RECORDS,
+    calibration_records: Annotated[
+        int, calibration_records_option("Records to calibrate on.")
+    ] = DEFAULT_CALIBRATION_RECORDS,
     heldout: Annotated[
         int, typer.Option(help="The file's last N text requests: scored, never calibrated on.")
     ] = DEFAULT_HELDOUT,
     max_seq_len: Annotated[
         int,
-        typer.Option(help="Length in tokens of calibration and held-out records (not an engine's --max-model-len)."),
-    ] = 2048,
+        max_seq_len_option("Length in tokens of calibration and held-out records (not an engine's --max-model-len)."),
+    ] = DEFAULT_MAX_SEQ_LEN,
     device: Annotated[str, device_option("cpu, or cuda / cuda:N (one GPU) for clef-flash.")] = "cpu",
     overwrite: Annotated[bool, typer.Option(help="Start over instead of resuming OUT/scan.json.")] = False,
     revision: RevisionOption = None,

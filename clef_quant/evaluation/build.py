@@ -18,6 +18,7 @@ from clef_quant.evaluation.data import CALIBRATION_FILE, DATA_FORMAT, EVAL_DIR, 
 from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.sampling import Record, calibration_quotas, sample_task
 from clef_quant.evaluation.sources import FIXTURES, HUB, check_local_source
+from clef_quant.evaluation.summary import Counts, Dataset, DataSummary, Lengths, Split, TaskFile, TaskSummary
 from clef_quant.evaluation.tasks import Task
 from clef_quant.formatting import utc_minute
 from clef_quant.progress import NoProgress, Progress
@@ -36,7 +37,7 @@ DEFAULT_CALIBRATION = 512
 class BuildConfig:
     out: Path
     per_task: int = DEFAULT_PER_TASK
-    calibration: int = DEFAULT_CALIBRATION
+    calibration_count: int = DEFAULT_CALIBRATION
     seed: int = 0
     source: str = HUB
     tokenizer: Path | None = None  # a release folder: lengths in tokens instead of characters
@@ -46,17 +47,17 @@ class BuildConfig:
 @dataclass(frozen=True)
 class BuildResult:
     out: Path
-    summary: dict[str, Any]
+    summary: DataSummary
 
 
 # Lengths are measured uncut: no record is long enough to reach this.
 UNCUT = 10**9
 
 
-def _lengths(records: Sequence[Record], encoder: Encoder | None) -> dict[str, Any]:
+def _lengths(records: Sequence[Record], encoder: Encoder | None) -> Lengths:
     """Prompt lengths in tokens (the real encoding, uncut) or, without a tokenizer, characters of state + questions."""
     if not records:
-        return {}
+        return Lengths()
     if encoder is not None:
         unit = "tokens"
         values = [encoder.encode(parse_request(r.request)).num_tokens for r in records]
@@ -68,16 +69,16 @@ def _lengths(records: Sequence[Record], encoder: Encoder | None) -> dict[str, An
     lengths = pd.Series(values, dtype="int64")
     # "higher": percentiles are lengths some record has (the upper one of two), never a blend of two records.
     p50, p95 = lengths.quantile([0.5, 0.95], interpolation="higher")
-    result: dict[str, Any] = {
-        "unit": unit,
-        "min": int(lengths.min()),
-        "mean": round(float(lengths.mean()), 1),
-        "p50": int(p50),
-        "p95": int(p95),
-        "max": int(lengths.max()),
-    }
+    result = Lengths(
+        unit=unit,
+        min=int(lengths.min()),
+        mean=round(float(lengths.mean()), 1),
+        p50=int(p50),
+        p95=int(p95),
+        max=int(lengths.max()),
+    )
     if encoder is not None:
-        result["over_default_max_length"] = sum(v > DEFAULT_MAX_LENGTH for v in values)
+        result.over_default_max_length = sum(v > DEFAULT_MAX_LENGTH for v in values)
     return result
 
 
@@ -99,16 +100,16 @@ def build_data(
             return build_data(replace(config, source=str(folder)), tasks, progress)
     if config.per_task < 1:
         raise DataError("--per-task must be at least 1")
-    if config.calibration < 0:
-        raise DataError("--calibration must be 0 or more")
+    if config.calibration_count < 0:
+        raise DataError("--calibration-count must be 0 or more")
     out = Path(config.out)
     check_output(out, "build-data", config.overwrite)
     if config.source != HUB:
-        check_local_source(Path(config.source), tasks, calibration=config.calibration > 0)
+        check_local_source(Path(config.source), tasks, calibration=config.calibration_count > 0)
     encoder = Encoder(config.tokenizer, max_length=UNCUT) if config.tokenizer is not None else None
 
     progress = progress or NoProgress()
-    quotas = calibration_quotas(tasks, config.calibration)
+    quotas = calibration_quotas(tasks, config.calibration_count)
     exclude: set[str] = set()
     samples = []
     for task in tasks:
@@ -125,50 +126,48 @@ def build_data(
         )
         progress.finish(f"{task.name}: sampling")
 
-    summary_tasks = {}
+    summary_tasks: dict[str, TaskSummary] = {}
     for sample in samples:
         spec = sample.task.dataset
-        summary_tasks[sample.task.name] = {
-            "title": sample.task.body.title,
-            "task_file": {
-                "path": shipped.display(sample.task.path),
-                "version": sample.task.body.version,
-                "sha256": sample.task.sha256,
-            },
-            "dataset": {"id": spec.id, "config": spec.config, "revision": spec.revision},
-            "eval": {
-                "split": spec.eval_split,
-                "rows": sample.eval_rows,
-                "records": len(sample.eval_records),
-                "questions": sum(len(r.request["questions"]) for r in sample.eval_records),
-                "lengths": _lengths(sample.eval_records, encoder),
-            },
-            "calibration": {
-                "split": spec.calibration_split,
-                "rows": sample.calibration_rows,
-                "records": len(sample.calibration_records),
-                "lengths": _lengths(sample.calibration_records, encoder),
-            },
-            "skipped": sample.skipped,
-        }
+        summary_tasks[sample.task.name] = TaskSummary(
+            title=sample.task.body.title,
+            task_file=TaskFile(
+                path=shipped.display(sample.task.path), version=sample.task.body.version, sha256=sample.task.sha256
+            ),
+            dataset=Dataset(id=spec.id, config=spec.config, revision=spec.revision),
+            eval=Split(
+                split=spec.eval_split,
+                rows=sample.eval_rows,
+                records=len(sample.eval_records),
+                questions=sum(len(r.request["questions"]) for r in sample.eval_records),
+                lengths=_lengths(sample.eval_records, encoder),
+            ),
+            calibration=Split(
+                split=spec.calibration_split,
+                rows=sample.calibration_rows,
+                records=len(sample.calibration_records),
+                lengths=_lengths(sample.calibration_records, encoder),
+            ),
+            skipped=sample.skipped,
+        )
     calibration = [r.request for sample in samples for r in sample.calibration_records]
-    summary = {
-        "format": DATA_FORMAT,
-        "created": utc_minute(),
-        "source": config.source if config.source == HUB else shipped.display(Path(config.source)),
-        "seed": config.seed,
-        "per_task": config.per_task,
-        "calibration_requested": config.calibration,
-        "length_unit": "tokens" if encoder is not None else "characters",
-        "tokenizer": str(config.tokenizer) if config.tokenizer else None,
-        "counts": {
-            "tasks": len(samples),
-            "eval_records": sum(len(s.eval_records) for s in samples),
-            "eval_questions": sum(t["eval"]["questions"] for t in summary_tasks.values()),
-            "calibration_records": len(calibration),
-        },
-        "tasks": summary_tasks,
-    }
+    summary = DataSummary(
+        format=DATA_FORMAT,
+        created=utc_minute(),
+        source=config.source if config.source == HUB else shipped.display(Path(config.source)),
+        seed=config.seed,
+        per_task=config.per_task,
+        calibration_requested=config.calibration_count,
+        length_unit="tokens" if encoder is not None else "characters",
+        tokenizer=str(config.tokenizer) if config.tokenizer else None,
+        counts=Counts(
+            tasks=len(samples),
+            eval_records=sum(len(s.eval_records) for s in samples),
+            eval_questions=sum(t.eval.questions or 0 for t in summary_tasks.values()),
+            calibration_records=len(calibration),
+        ),
+        tasks=summary_tasks,
+    )
     with staged_folder(out, command="build-data", overwrite=config.overwrite) as partial:
         (partial / EVAL_DIR).mkdir()
         for sample in samples:
@@ -177,5 +176,5 @@ def build_data(
                 [{"id": r.id, "task": r.task, "request": r.request, "gold": r.gold} for r in sample.eval_records],
             )
         _write_jsonl(partial / CALIBRATION_FILE, calibration)
-        write_json_atomic(partial / SUMMARY_FILE, summary)
+        write_json_atomic(partial / SUMMARY_FILE, summary.to_json())
     return BuildResult(out=out, summary=summary)

@@ -16,8 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
-from clef_quant.documents import parse_json_line, read_document
+from clef_quant.documents import parse_json_line, read_document, validated
 from clef_quant.evaluation.errors import DataError, TaskFileError
+from clef_quant.evaluation.summary import DataSummary
 from clef_quant.evaluation.tasks import check_gold, gold_index
 from clef_quant.formatting import first_few
 from clef_vllm.errors import RequestError, first_validation_error
@@ -47,7 +48,7 @@ class EvalRecord:
 class EvalData:
     folder: Path
     records: list[EvalRecord]
-    summary: dict[str, Any]
+    summary: DataSummary
     files: dict[str, str]  # relative path -> sha256
 
     @property
@@ -96,7 +97,8 @@ def read_eval_data(folder: Path) -> EvalData:
     if not files:
         raise DataError(f"{folder} holds no {EVAL_DIR}/*.jsonl; build it with: clef-quant build-data --out {folder}")
     summary_path = folder / SUMMARY_FILE
-    summary, _ = read_document(summary_path, what="DATA summary", error=DataError)
+    raw_summary, _ = read_document(summary_path, what="DATA summary", error=DataError)
+    summary = validated(DataSummary, raw_summary, error=DataError, prefix=str(summary_path))
 
     records: list[EvalRecord] = []
     problems: list[str] = []

@@ -105,19 +105,24 @@ def interval_section(results: Results) -> list[str]:
     ]
 
 
+def _known(value: object) -> str:
+    """A fact of the DATA summary, or `?` where an older summary does not have it."""
+    return "?" if value is None else str(value)
+
+
 def render_markdown(results: Results, frame: pd.DataFrame) -> str:
     written = results.file
     summary = results.data_summary
-    counts = summary.get("counts") or {}
+    counts = summary.counts
     tasks = results.tasks[:-1]  # without All
     smallest = min((t.records for t in tasks), default=0)
     tools = ", ".join(f"{name} {version}" for name, version in written.tools.items() if version)
     lines = [
         "# Evaluation against the bf16 reference",
         "",
-        f"{written.created}. DATA `{written.data.folder}`: {counts.get('eval_records', '?')} records, "
-        f"{counts.get('eval_questions', '?')} questions from {len(tasks)} tasks "
-        f"(source {summary.get('source', '?')}, seed {summary.get('seed', '?')}). "
+        f"{written.created}. DATA `{written.data.folder}`: {_known(counts.eval_records)} records, "
+        f"{_known(counts.eval_questions)} questions from {len(tasks)} tasks "
+        f"(source {_known(summary.source)}, seed {_known(summary.seed)}). "
         f"Maximum length {written.config.max_model_len} tokens. Tools: {tools}. "
         f"Every number is also in `{RESULTS_CSV}` (one row per side and task).",
         "",

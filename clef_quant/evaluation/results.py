@@ -27,6 +27,7 @@ from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.metrics import METRICS
 from clef_quant.evaluation.sides import Side
 from clef_quant.evaluation.store import SHOWN_IDS, tool_versions
+from clef_quant.evaluation.summary import DataSummary
 from clef_quant.formatting import utc_minute
 
 RESULTS_FORMAT = "clef-quant-eval-results/1"
@@ -55,7 +56,7 @@ class DataEntry(BaseModel):
 
     folder: str = ""
     files: dict[str, str] = {}  # relative path -> sha256
-    summary: dict[str, Any] = {}  # the DATA folder's summary.json as it was
+    summary: DataSummary = DataSummary()  # the DATA folder's summary.json as it was
 
 
 class TaskEntry(BaseModel):
@@ -168,11 +169,10 @@ def results_dict(
 ) -> dict[str, Any]:
     """Everything results.json holds; `values` is `comparison.compare` of the same sides, `uncertainty` their
     intervals (`comparison.intervals`)."""
-    titles = {name: task.get("title", name) for name, task in (data.summary.get("tasks") or {}).items()}
     tasks = [
         TaskEntry(
             name=task,
-            title=titles.get(task, task),
+            title=data.summary.title(task),
             records=len(indices),
             questions=sum(len(data.records[i].request.questions) for i in indices),
         )
@@ -336,7 +336,7 @@ class Results:
         return [s for s in self.sides if s.is_candidate]
 
     @property
-    def data_summary(self) -> dict[str, Any]:
+    def data_summary(self) -> DataSummary:
         return self.file.data.summary
 
     def value(self, side: ResultSide, task: str, metric: str) -> float:

@@ -310,15 +310,15 @@ def eval_results(results: EvalResults) -> list[Any]:
 
     found = []
     for task in results.tasks:
-        spec = (results.data_summary.get("tasks") or {}).get(task.name)
+        spec = results.data_summary.tasks.get(task.name)
         if spec is None:  # All: not a dataset
             continue
-        dataset_id = (spec.get("dataset") or {}).get("id") or task.name
+        dataset_id = spec.dataset.id or task.name
         dataset = {
-            "dataset_type": dataset_id if results.from_hub else f"{results.data_summary.get('source')}/{dataset_id}",
+            "dataset_type": dataset_id if results.from_hub else f"{results.data_summary.source}/{dataset_id}",
             "dataset_name": task.title if results.from_hub else f"{task.title} (synthetic stand-in rows)",
-            "dataset_config": (spec.get("dataset") or {}).get("config"),
-            "dataset_split": (spec.get("eval") or {}).get("split"),
+            "dataset_config": spec.dataset.config,
+            "dataset_split": spec.eval.split,
         }
         for metric, metric_type, metric_name in EVAL_METRICS:
             value = results.value(results.this, task.name, metric)

@@ -43,7 +43,7 @@ def reproduce_commands(
     if tiny is not None:
         commands.append(_join("clef-quant", "make-tiny", source_id, "--size", tiny["size"], "--seed", tiny["seed"]))
     commands.append(_build_data(results))
-    commands.append(_quantize(manifest, source_id, source_revision, folder))
+    commands.append(quantize_command_line(manifest, source_id, source_revision, folder))
     commands.append(_evaluate(results, Path(config.results)))
     if throughput_command:
         commands.append(throughput_command)
@@ -59,23 +59,28 @@ def _join(*words: Any) -> str:
 def _build_data(results: EvalResults) -> str:
     summary = results.data_summary
     words: list[Any] = ["clef-quant", "build-data", "--out", results.results.file.data.folder or "data"]
-    if summary.get("source") and summary["source"] != HUB:
+    if summary.source and summary.source != HUB:
         # The shipped fixtures are recorded by their repository path; `fixtures` names them wherever clef-quant runs.
-        shipped_fixtures = summary["source"] == shipped.display(shipped.fixtures())
-        words += ["--source", FIXTURES if shipped_fixtures else summary["source"]]
-    for flag, key in (("--per-task", "per_task"), ("--calibration", "calibration_requested"), ("--seed", "seed")):
-        if summary.get(key) is not None:
-            words += [flag, summary[key]]
-    tasks = list(summary.get("tasks") or {})
+        shipped_fixtures = summary.source == shipped.display(shipped.fixtures())
+        words += ["--source", FIXTURES if shipped_fixtures else summary.source]
+    for flag, value in (
+        ("--per-task", summary.per_task),
+        ("--calibration-count", summary.calibration_requested),
+        ("--seed", summary.seed),
+    ):
+        if value is not None:
+            words += [flag, value]
+    tasks = list(summary.tasks)
     if tasks and set(tasks) != {task.name for task in load_tasks()}:  # every default task needs no --task
         for task in tasks:
             words += ["--task", task]
-    if summary.get("tokenizer"):
-        words += ["--tokenizer", summary["tokenizer"]]
+    if summary.tokenizer:
+        words += ["--tokenizer", summary.tokenizer]
     return _join(*words)
 
 
-def _quantize(manifest: Manifest, source_id: str, revision: str | None, out: str) -> str:
+def quantize_command_line(manifest: Manifest, source_id: str, revision: str | None, out: str) -> str:
+    """The `clef-quant quantize` command that made the release, with every flag the manifest recorded."""
     recipe, calibration = manifest.recipe, manifest.calibration
     recipe_file, variables = recipe.file, recipe.variables
     words: list[Any] = ["clef-quant", "quantize", source_id]

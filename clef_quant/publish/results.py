@@ -23,6 +23,7 @@ from clef_quant.evaluation.frames import differences_frame, intervals_frame, pro
 from clef_quant.evaluation.metrics import METRIC_BY_NAME, QUALITY_METRICS, SPEED_METRICS, format_value
 from clef_quant.evaluation.results import ALL, RESULTS_JSON, MetricEntry, Results, ResultSide, ResultTask
 from clef_quant.evaluation.results import read_results as read_eval_results
+from clef_quant.evaluation.summary import DataSummary
 from clef_quant.evaluation.tables import (
     differences_table,
     floor_words,
@@ -71,7 +72,7 @@ class EvalResults:
         return self.results.metrics
 
     @property
-    def data_summary(self) -> dict[str, Any]:
+    def data_summary(self) -> DataSummary:
         return self.results.data_summary
 
     @property
@@ -90,14 +91,14 @@ class EvalResults:
 
     @property
     def from_hub(self) -> bool:
-        return self.data_summary.get("source") == HUB_SOURCE
+        return self.data_summary.from_hub
 
     @property
     def datasets(self) -> list[str]:
         """Hub dataset ids for the card's front matter; none when the rows were local fixtures."""
         if not self.from_hub:
             return []
-        ids = [((t.get("dataset") or {}).get("id")) for t in (self.data_summary.get("tasks") or {}).values()]
+        ids = [task.dataset.id for task in self.data_summary.tasks.values()]
         return sorted({i for i in ids if i})
 
     @cached_property
@@ -106,8 +107,8 @@ class EvalResults:
         from clef_quant.evaluation.tasks import load_task
 
         found = []
-        for name, task in (self.data_summary.get("tasks") or {}).items():
-            path = str((task.get("task_file") or {}).get("path") or "")
+        for name, task in self.data_summary.tasks.items():
+            path = task.task_file.path or ""
             if not path.startswith(f"{shipped.EVAL}/"):  # a task file outside clef-quant: not read again here
                 continue
             try:

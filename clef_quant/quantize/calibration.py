@@ -117,6 +117,14 @@ def draw(count: int, requested: int | None) -> list[int]:
     return sorted(random.Random(SAMPLE_SEED).sample(range(count), wanted))
 
 
+def check_calibration_settings(records: int | None, max_seq_len: int) -> None:
+    """The one rule for `--calibration-records` and `--max-seq-len` (quantize, scan, bench quantize)."""
+    if records is not None and records < 1:
+        raise QuantizeError("--calibration-records must be at least 1")
+    if max_seq_len < 1:
+        raise QuantizeError("--max-seq-len must be at least 1")
+
+
 def build_calibration(
     tokenizer: Tokenizer,
     *,
@@ -126,10 +134,7 @@ def build_calibration(
     progress: Progress | None = None,
 ) -> CalibrationSet:
     """Encode the calibration records: from `file`, or from the shipped default file."""
-    if records is not None and records < 1:
-        raise QuantizeError("--calibration-records must be at least 1")
-    if max_seq_len < 1:
-        raise QuantizeError("--max-seq-len must be at least 1")
+    check_calibration_settings(records, max_seq_len)
     progress = progress or NoProgress()
     path: Path | Traversable = Path(file) if file is not None else DEFAULT_CALIBRATION_FILE
     bodies, file_sha256 = read_calibration_file(path)

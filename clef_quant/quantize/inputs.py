@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from clef_quant.devices import device_problem
 from clef_quant.documents import read_document
 from clef_quant.quantize.auto import check_auto_options, load_auto_recipe
-from clef_quant.quantize.calibration import read_request_bodies
+from clef_quant.quantize.calibration import check_calibration_settings, read_request_bodies
 from clef_quant.quantize.contents import head_prefix_of
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, check_recipe_choice, load_recipe
@@ -67,10 +67,7 @@ def check_inputs(config: QuantizeConfig) -> CheckedInputs:
     head_prefix_of(source_dir, head_dir)
     if config.calibration_file is not None:
         read_request_bodies(Path(config.calibration_file))  # a broken file fails now, not after loading
-    if config.calibration_records is not None and config.calibration_records < 1:
-        raise QuantizeError("--calibration-records must be at least 1")
-    if config.max_seq_len < 1:
-        raise QuantizeError("--max-seq-len must be at least 1")
+    check_calibration_settings(config.calibration_records, config.max_seq_len)
     check_device(config.device)  # imports torch only for a CUDA device
     return CheckedInputs(source_dir, source_config, recipe, head_dir)
 

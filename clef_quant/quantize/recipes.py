@@ -15,8 +15,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from clef_quant.documents import parse_yaml
 from clef_quant.families import FAMILIES, Family, family_of_config, text_config
 from clef_quant.quantize import registry
 from clef_quant.quantize.errors import QuantizeError
@@ -189,10 +188,7 @@ def load_recipe(scheme: str | None, recipe_file: Path | None, config: dict[str, 
         raise QuantizeError(f"cannot read recipe {path}: {exc.strerror}") from None
     variables = layer_variables(config)
     text = fill(template, variables, keep_bf16(family_of_config(config)))
-    try:
-        parsed = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise QuantizeError(f"recipe {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    parsed = parse_yaml(text, where=f"recipe {path}", error=QuantizeError)
     if not isinstance(parsed, dict) or not parsed:
         raise QuantizeError(f"recipe {path} is not an llm-compressor recipe (expected a mapping of stages)")
     return Recipe(scheme=scheme or CUSTOM_SCHEME, path=path, text=text, variables=variables)

@@ -121,6 +121,12 @@ class Registry:
         scanned = [f.scheme for f in self.files if f.scheme.scan is not None]
         return tuple(s.name for s in sorted(scanned, key=lambda s: s.scan.order if s.scan else 0))
 
+    def check_scannable(self, names: tuple[str, ...] | list[str]) -> None:
+        """The one refusal of a scheme `scan` cannot switch on unit by unit (the command line's and the library's)."""
+        bad = [name for name in names if name not in self.scannable()]
+        if bad:
+            raise QuantizeError(f"cannot scan {', '.join(bad)}; choose one of {', '.join(self.scannable())}")
+
     def default_scan(self) -> tuple[str, ...]:
         return tuple(name for name in self.scannable() if (self.scheme(name).scan or ScanEntry(order=0)).default)
 

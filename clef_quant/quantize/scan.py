@@ -36,7 +36,13 @@ from clef_quant.bootstrap import Bootstrap
 from clef_quant.families import text_config
 from clef_quant.progress import NoProgress, Progress
 from clef_quant.quantize import registry
-from clef_quant.quantize.calibration import DEFAULT_CALIBRATION_FILE, DEFAULT_MAX_SEQ_LEN, draw, read_calibration_file
+from clef_quant.quantize.calibration import (
+    DEFAULT_CALIBRATION_FILE,
+    DEFAULT_MAX_SEQ_LEN,
+    check_calibration_settings,
+    draw,
+    read_calibration_file,
+)
 from clef_quant.quantize.compress import decoder_layers_path, load_model, run_oneshot
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inputs import bf16_source_config, check_device
@@ -63,7 +69,6 @@ from clef_quant.release_folder.outputs import check_output_folder
 # needs.
 DEFAULT_HELDOUT = 8
 DEFAULT_CALIBRATION_RECORDS = 32
-BATCH = 4
 
 TASK_CALIBRATE = "calibrating"
 TASK_UNITS = "scanning units"
@@ -143,16 +148,12 @@ def _is_linear(layer_types: list[str], layer: int) -> bool:
 
 def _check(config: ScanConfig) -> tuple[Path, dict[str, Any], list[dict], list[dict], ScanSettings]:
     check_output_folder(Path(config.out))
-    scannable = registry.schemes().scannable()
-    bad = [s for s in config.schemes if s not in scannable]
-    if bad:
-        raise QuantizeError(f"cannot scan {', '.join(bad)}; choose one of {', '.join(scannable)}")
+    registry.schemes().check_scannable(config.schemes)
     if not config.schemes:
         raise QuantizeError("give at least one --scheme to scan")
     if config.heldout < 1:
         raise QuantizeError("--heldout must be at least 1")
-    if config.calibration_records < 1:
-        raise QuantizeError("--calibration-records must be at least 1")
+    check_calibration_settings(config.calibration_records, config.max_seq_len)
     check_device(config.device)
     source_dir = resolve_release(config.source, config.revision).absolute()
     source_config = bf16_source_config(source_dir, "scan")
@@ -238,11 +239,11 @@ def _run_units(
         model = load_model(source_dir, source_config, config.device)
         prefix = _layer_prefix(model)
         if reference is None:
-            reference = _probabilities(model, head, heldout, config.device)
+            reference = heldout_probabilities(model, head, heldout, config.device)
         wanted = {name for layer, group in units for name in unit_modules(prefix, layer, group)}
         originals = {n: m.weight.detach().clone() for n, m in model.named_modules() if n in wanted}
         progress.start(f"{TASK_CALIBRATE} {scheme}")
-        _calibrate(model, source_config, scheme, as_dataloader(calibration_set), encoder.tokenizer)
+        calibrate_in_memory(model, source_config, scheme, as_dataloader(calibration_set), encoder.tokenizer)
         progress.finish(f"{TASK_CALIBRATE} {scheme}")
         modules = dict(model.named_modules())
         produced = {n: modules[n].weight.detach().clone() for n in originals}
@@ -259,7 +260,7 @@ def _run_units(
             for name in names:
                 modules[name].weight.data.copy_(produced[name])
                 modules[name].quantization_enabled = True
-            candidate = _probabilities(model, head, heldout, config.device)
+            candidate = heldout_probabilities(model, head, heldout, config.device)
             for name in names:
                 modules[name].weight.data.copy_(originals[name])
                 modules[name].quantization_enabled = False
@@ -300,7 +301,9 @@ def _layer_prefix(model: Any) -> str:
     return path
 
 
-def _calibrate(model: Any, source_config: dict[str, Any], scheme: str, dataloader: Any, tokenizer: Any) -> None:
+def calibrate_in_memory(
+    model: Any, source_config: dict[str, Any], scheme: str, dataloader: Any, tokenizer: Any
+) -> None:
     """The same oneshot `clef-quant quantize --scheme SCHEME` runs, on the in-memory model."""
     from clef_quant.quantize.plan import parse_recipe, plan_quantization, recipe_needs_calibration
 
@@ -333,30 +336,18 @@ def stored_bytes(module: Any) -> int:
     return total
 
 
-def _probabilities(model: Any, head: Any, encodings: list[Any], device: str) -> list[list[Any]]:
-    """Per record, per question: the head's probabilities (float32, model order)."""
-    import torch
-
+def heldout_probabilities(model: Any, head: Any, encodings: list[Any], device: str) -> list[list[Any]]:
+    """Per record, per question: the head's probabilities (float32, model order), each record scored alone
+    through the reference's path (`reference.record_logits`): padded batches moved bf16 logits by up to 0.03, more
+    than many units' own effect."""
+    from clef_quant.reference import record_logits
     from clef_vllm.answers import split_logits
 
-    text_model = model.model.language_model
     results: list[list[Any]] = []
-    with torch.inference_mode():
-        for start in range(0, len(encodings), BATCH):
-            batch = encodings[start : start + BATCH]
-            longest = max(e.num_tokens for e in batch)
-            ids = torch.zeros((len(batch), longest), dtype=torch.long)
-            mask = torch.zeros((len(batch), longest), dtype=torch.long)
-            for row, e in enumerate(batch):
-                ids[row, : e.num_tokens] = torch.tensor(e.input_ids)
-                mask[row, : e.num_tokens] = 1
-            hidden = text_model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False)
-            states = [hidden.last_hidden_state[row, : e.num_tokens] for row, e in enumerate(batch)]
-            token_ids = [torch.tensor(e.input_ids, device=device) for e in batch]
-            logits = head(states, token_ids, [e.schema() for e in batch], model.lm_head.weight)
-            for e, record_logits in zip(batch, logits, strict=True):
-                counts = [len(spans) for spans in e.option_spans]
-                results.append([p.numpy() for p in split_logits(record_logits.float().cpu(), counts)])
+    for encoding in encodings:
+        logits = record_logits(model, head, encoding, device).float().cpu()
+        counts = [len(spans) for spans in encoding.option_spans]
+        results.append([p.numpy() for p in split_logits(logits, counts)])
     return results
 
 

@@ -55,8 +55,14 @@ class SystemOneResponse(BaseModel):
 
 
 def split_logits(logits: torch.Tensor, option_counts: Sequence[int]) -> list[torch.Tensor]:
-    """Per-question probabilities (softmax over each question's options) from one record's flat logits."""
+    """Per-question probabilities (softmax over each question's options, float32) from one record's flat logits:
+    the one softmax of every front end (the pooler, the reference, eval, scan)."""
     return [chunk.float().softmax(dim=-1) for chunk in torch.split(logits, list(option_counts))]
+
+
+def flat_probabilities(logits: torch.Tensor, option_counts: Sequence[int]) -> torch.Tensor:
+    """`split_logits` laid flat again, in the logits' order: what the pooler returns for each prompt."""
+    return torch.cat(split_logits(logits, option_counts))
 
 
 def answer(question: Question, probabilities: Sequence[float]) -> Answer:

@@ -9,8 +9,10 @@ twice is harmless.
 
 from __future__ import annotations
 
+# The one home of the architecture name: the model class (vllm_model.py) is registered under it and every engine
+# overrides a release's config to it (engine.py, the `vllm serve` command of engines_compat.py).
 ARCHITECTURE = "ClefFlashForJointSchema"
-_MODEL_CLASS = "clef_vllm.vllm_model:ClefFlashForJointSchema"
+_MODEL_CLASS = f"clef_vllm.vllm_model:{ARCHITECTURE}"
 
 # Clef backbones vLLM 0.32 serves with its own class: vllm/transformers_utils/model_arch_config_convertor.py
 # (Qwen3OmniMoeModelArchConfigConvertor) switches a Qwen3-Omni folder holding joint_head_config.json to

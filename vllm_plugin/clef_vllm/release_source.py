@@ -7,6 +7,7 @@ later, when the Hub is reachable. Neither is refused with one line naming what w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from clef_vllm.errors import CheckpointError
@@ -30,3 +31,18 @@ def local_release(source: str | Path) -> Path | None:
     if not is_hub_id(str(source)):
         raise CheckpointError(f"{source} does not exist and is not a Hub id (ORG/NAME)")
     return None
+
+
+def fetch_release(source: str, revision: str | None = None, allow_patterns: Sequence[str] | None = None) -> Path:
+    """The local snapshot of Hub id `source` (only the files matching `allow_patterns`, when given); a Hub that
+    cannot be reached, or a repository or revision it does not have, is one `CheckpointError` line."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    patterns = list(allow_patterns) if allow_patterns is not None else None
+    try:
+        return Path(snapshot_download(source, revision=revision, allow_patterns=patterns))
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
+        raise CheckpointError(
+            f"cannot fetch {source}{'@' + revision if revision else ''} from the Hub: {type(exc).__name__}"
+        ) from None

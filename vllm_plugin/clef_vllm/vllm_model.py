@@ -28,15 +28,16 @@ from vllm.tasks import PoolingTask
 from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
+from clef_vllm.answers import flat_probabilities
 from clef_vllm.errors import CheckpointError, SettingsError
 from clef_vllm.head import JointSchemaHead
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS, HeadConfig, find_head_dir, load_head
 from clef_vllm.head_graphs import GraphedHead
 from clef_vllm.invariance import accept_gdn_layers, invariant_kernels_on, keep_cublas_for_bf16_linears
 from clef_vllm.pooling_contract import POOLER_RANGE, parse_pooling_schema
+from clef_vllm.release_source import fetch_release
 from clef_vllm.schema import RecordSchema
 
-ARCHITECTURE = "ClefFlashForJointSchema"
 HEAD_PREFIX = "pooler.head."
 LEXICAL_TABLE_NAMES = ("lm_head.weight", "model.language_model.embed_tokens.weight")
 
@@ -77,10 +78,8 @@ def local_release_dir(model: str, revision: str | None) -> Path:
     path = Path(model)
     if path.is_dir():
         return path
-    from huggingface_hub import snapshot_download
-
     patterns = [HEAD_CONFIG, HEAD_WEIGHTS, f"{HEAD_SUBDIR}/{HEAD_CONFIG}", f"{HEAD_SUBDIR}/{HEAD_WEIGHTS}"]
-    return Path(snapshot_download(model, revision=revision, allow_patterns=patterns))
+    return fetch_release(model, revision, allow_patterns=patterns)
 
 
 class JointSchemaPooler(Pooler):
@@ -128,7 +127,7 @@ class JointSchemaPooler(Pooler):
                 # other prompts happened to finish in the same step.
                 record_logits = self._logits(pooled[index], token_ids[index], schema)
                 if params[index].use_activation is not False:
-                    record_logits = _per_question_softmax(record_logits, schema.option_counts)
+                    record_logits = flat_probabilities(record_logits, schema.option_counts)
                 outputs[index] = record_logits
         return outputs
 
@@ -150,10 +149,6 @@ def _option_positions(schema: RecordSchema) -> torch.Tensor:
     lengths = spans[:, 1] - spans[:, 0]
     offsets = torch.arange(int(lengths.sum())) - torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
     return torch.repeat_interleave(spans[:, 0], lengths) + offsets
-
-
-def _per_question_softmax(logits: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
-    return torch.cat([chunk.softmax(dim=-1) for chunk in torch.split(logits, list(counts))])
 
 
 @default_pooling_type(tok_pooling_type="ALL")
