@@ -12,9 +12,8 @@ import pytest
 from clef_quant.bootstrap import Bootstrap, covers_zero
 from clef_quant.evaluation.comparison import INTERVAL_METRICS, paired_intervals
 from clef_quant.evaluation.frames import differences_frame, intervals_frame, load_intervals
-from clef_quant.evaluation.metrics import METRICS
 from clef_quant.evaluation.report import interval_section, render_markdown
-from clef_quant.evaluation.results import ALL, RESULTS_FORMAT, MetricEntry, Results, ResultsFile, read_results
+from clef_quant.evaluation.results import ALL, RESULTS_FORMAT, Results, ResultsFile, metric_entries, read_results
 from clef_quant.evaluation.tables import INDISTINGUISHABLE
 
 OPTIONS = 4
@@ -146,18 +145,7 @@ def results_with_intervals() -> dict[str, Any]:
     written = ResultsFile(
         format=RESULTS_FORMAT,
         tasks=[{"name": "mmlu", "records": 60, "questions": int(population.counts.sum())}],
-        metrics=[
-            MetricEntry(
-                name=m.name,
-                title=m.title,
-                description=m.description,
-                direction=m.direction,
-                level=m.level,
-                aggregation=m.aggregation,
-                compares_with_reference=m.compares,
-            )
-            for m in METRICS
-        ],
+        metrics=metric_entries(),
         sides=sides,
         values=values,
     )

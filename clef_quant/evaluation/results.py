@@ -159,6 +159,22 @@ class ResultsFile(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
+def metric_entries() -> list[MetricEntry]:
+    """What results.json says about each metric it holds."""
+    return [
+        MetricEntry(
+            name=m.name,
+            title=m.title,
+            description=m.description,
+            direction=m.direction,
+            level=m.level,
+            aggregation=m.aggregation,
+            compares_with_reference=m.compares,
+        )
+        for m in METRICS
+    ]
+
+
 def results_dict(
     config: EvalConfig,
     data: EvalData,
@@ -191,18 +207,7 @@ def results_dict(
         ),
         data=DataEntry(folder=str(data.folder), files=data.files, summary=data.summary),
         tasks=tasks,
-        metrics=[
-            MetricEntry(
-                name=m.name,
-                title=m.title,
-                description=m.description,
-                direction=m.direction,
-                level=m.level,
-                aggregation=m.aggregation,
-                compares_with_reference=m.compares,
-            )
-            for m in METRICS
-        ],
+        metrics=metric_entries(),
         sides=[
             SideEntry(
                 key=side.key,

@@ -8,6 +8,7 @@ weights anyway).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import transformers
@@ -27,7 +28,7 @@ def backbone_config(spec: Size, ids: dict[str, int]) -> PretrainedConfig:
     """The backbone config of `spec` (its family's architecture), wired to the tokenizer's control-token ids."""
     if FAMILIES[spec.family].architecture == QWEN3_OMNI:
         return omni_config(spec, ids)
-    text, vision = spec.text, spec.vision
+    text = spec.text
     assert not isinstance(text, MoeTextShape)
     rotary_pairs = int(text.head_dim * PARTIAL_ROTARY_FACTOR) // 2
     # Multimodal RoPE splits the rotary frequencies between time, height and width, the remainder going to
@@ -60,18 +61,7 @@ def backbone_config(spec: Size, ids: dict[str, int]) -> PretrainedConfig:
             "eos_token_id": ids[PAD_TOKEN],  # as Qwen3.5's text config: <|endoftext|>
             "dtype": "bfloat16",
         },
-        vision_config={
-            "depth": vision.depth,
-            "hidden_size": vision.hidden_size,
-            "intermediate_size": vision.intermediate_size,
-            "num_heads": vision.num_heads,
-            "patch_size": vision.patch_size,
-            "spatial_merge_size": vision.spatial_merge_size,
-            "temporal_patch_size": vision.temporal_patch_size,
-            "out_hidden_size": text.hidden_size,
-            "num_position_embeddings": vision.num_position_embeddings,
-            "dtype": "bfloat16",
-        },
+        vision_config={**vision_fields(spec), "dtype": "bfloat16"},
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -81,6 +71,22 @@ def backbone_config(spec: Size, ids: dict[str, int]) -> PretrainedConfig:
     config.architectures = ["Qwen3_5ForConditionalGeneration"]
     config.dtype = "bfloat16"
     return config
+
+
+def vision_fields(spec: Size) -> dict[str, Any]:
+    """The vision tower's shape as both families' configs spell it; its output width is the text hidden size."""
+    vision = spec.vision
+    return {
+        "depth": vision.depth,
+        "hidden_size": vision.hidden_size,
+        "intermediate_size": vision.intermediate_size,
+        "num_heads": vision.num_heads,
+        "patch_size": vision.patch_size,
+        "spatial_merge_size": vision.spatial_merge_size,
+        "temporal_patch_size": vision.temporal_patch_size,
+        "out_hidden_size": spec.text.hidden_size,
+        "num_position_embeddings": vision.num_position_embeddings,
+    }
 
 
 def omni_config(spec: Size, ids: dict[str, int]) -> Qwen3OmniMoeConfig:
@@ -116,15 +122,7 @@ def omni_config(spec: Size, ids: dict[str, int]) -> Qwen3OmniMoeConfig:
             "dtype": "bfloat16",
         },
         "vision_config": {
-            "depth": vision.depth,
-            "hidden_size": vision.hidden_size,
-            "intermediate_size": vision.intermediate_size,
-            "num_heads": vision.num_heads,
-            "patch_size": vision.patch_size,
-            "spatial_merge_size": vision.spatial_merge_size,
-            "temporal_patch_size": vision.temporal_patch_size,
-            "out_hidden_size": text.hidden_size,
-            "num_position_embeddings": vision.num_position_embeddings,
+            **vision_fields(spec),
             "deepstack_visual_indexes": list(vision.deepstack_visual_indexes),
             # vLLM's Qwen3Omni_VisionTransformer (qwen3_omni_moe_thinker.py) reads these two, which transformers'
             # config lacks: the position grid is image_size / patch_size a side (the 30B: 768 / 16 = 48, 2304
