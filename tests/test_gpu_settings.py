@@ -51,7 +51,7 @@ def test_nvfp4_releases_run_one_prompt_per_step_on_gpus_without_fp4_kernels(tiny
     assert invariance_method(False, fp8) == ONE_PROMPT_PER_STEP
 
 
-def test_a_gpu_engine_runs_triton_gdn_prefill_without_flashinfer_unless_told_otherwise():
+def test_a_gpu_engine_runs_triton_gdn_prefill_without_flashinfer_unless_told_otherwise(tiny_dir):
     from clef_vllm.engine import engine_args
 
     pytest.importorskip("vllm")
@@ -59,9 +59,9 @@ def test_a_gpu_engine_runs_triton_gdn_prefill_without_flashinfer_unless_told_oth
 
     if has_flashinfer():
         pytest.skip("FlashInfer is installed here: vLLM's own choice stands")
-    assert engine_args("folder", gpu=True)["gdn_prefill_backend"] == "triton"
-    assert engine_args("folder", gpu=True, gdn_prefill_backend="flashinfer")["gdn_prefill_backend"] == "flashinfer"
-    assert "gdn_prefill_backend" not in engine_args("folder", gpu=False)
+    assert engine_args(tiny_dir, gpu=True)["gdn_prefill_backend"] == "triton"
+    assert engine_args(tiny_dir, gpu=True, gdn_prefill_backend="flashinfer")["gdn_prefill_backend"] == "flashinfer"
+    assert "gdn_prefill_backend" not in engine_args(tiny_dir, gpu=False)
 
 
 def test_engine_args_read_json_values_and_refuse_what_the_plugin_or_a_flag_sets():

@@ -345,23 +345,23 @@ def test_score_with_images_equals_the_release_forward(tiny_dir, tokenizer, proce
 # --- switching media off --------------------------------------------------------------------------------------
 
 
-def test_vision_tower_is_skipped_only_when_media_are_off():
+def test_vision_tower_is_skipped_only_when_media_are_off(tiny_dir):
     from dataclasses import replace
 
     from clef_vllm.engine import engine_args
     from clef_vllm.request import DEFAULT_LIMITS
     from clef_vllm.server.cli import parse_args
 
-    on = engine_args("folder")
+    on = engine_args(tiny_dir)
     assert on["language_model_only"] is False
     assert on["limit_mm_per_prompt"] == {"image": 8, "video": 2}
-    off = engine_args("folder", limits=replace(DEFAULT_LIMITS, max_images=0, max_videos=0))
+    off = engine_args(tiny_dir, limits=replace(DEFAULT_LIMITS, max_images=0, max_videos=0))
     assert off["language_model_only"] is True and "limit_mm_per_prompt" not in off
 
     limits = parse_args(["--model", "m", "--limit-images", "3", "--max-video-frames", "16"]).limits
     assert (limits.max_images, limits.max_videos, limits.media.max_video_frames) == (3, 2, 16)
     text_only = parse_args(["--model", "m", "--language-model-only"]).limits
     assert not text_only.media_enabled
-    assert engine_args("folder", limits=text_only)["language_model_only"] is True
+    assert engine_args(tiny_dir, limits=text_only)["language_model_only"] is True
     with pytest.raises(SystemExit):
         parse_args(["--model", "m", "--limit-images", "-1"])
