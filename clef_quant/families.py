@@ -18,7 +18,7 @@ quantizes, serves and describes a model reads the field instead of branching on 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,32 +89,23 @@ _OMNI_KEEP: tuple[tuple[str, dict[str, str]], ...] = (
     ),
 )
 
+_CLEF_FLASH = Family(
+    name="clef-flash",
+    release="Cloudflare/clef-flash",
+    model_type="qwen3_5",
+    architecture=QWEN3_5,
+    engine_architecture=ARCHITECTURE,
+    served_by=PLUGIN,
+    hidden_size=4096,
+    text_prefix="model.language_model.",
+    keep=_QWEN3_5_KEEP,
+    fused_scales=(("in_proj_qkv", "in_proj_z"),),
+)
+
 FAMILIES: dict[str, Family] = {
-    "clef-flash": Family(
-        name="clef-flash",
-        release="Cloudflare/clef-flash",
-        model_type="qwen3_5",
-        architecture=QWEN3_5,
-        engine_architecture=ARCHITECTURE,
-        served_by=PLUGIN,
-        hidden_size=4096,
-        text_prefix="model.language_model.",
-        keep=_QWEN3_5_KEEP,
-        fused_scales=(("in_proj_qkv", "in_proj_z"),),
-    ),
+    "clef-flash": _CLEF_FLASH,
     # The 27B has the flash text architecture, so it shares flash's keep-list, fused scales and serving class.
-    "clef": Family(
-        name="clef",
-        release="Cloudflare/clef",
-        model_type="qwen3_5",
-        architecture=QWEN3_5,
-        engine_architecture=ARCHITECTURE,
-        served_by=PLUGIN,
-        hidden_size=5120,
-        text_prefix="model.language_model.",
-        keep=_QWEN3_5_KEEP,
-        fused_scales=(("in_proj_qkv", "in_proj_z"),),
-    ),
+    "clef": replace(_CLEF_FLASH, name="clef", release="Cloudflare/clef", hidden_size=5120),
     "clef-omni": Family(
         name="clef-omni",
         release="Cloudflare/clef-omni",
