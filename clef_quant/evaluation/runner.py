@@ -121,6 +121,9 @@ def run_eval(
     _score_side(sides[0], data.records, stores[sides[0].key], _reference_scoring(scorer), progress)
     del scorer  # the backbone's memory goes back before any engine starts
     gc.collect()
+    if torch.cuda.is_available():
+        # vLLM's engine process checks the GPU's free memory at start: the cached blocks must go back too.
+        torch.cuda.empty_cache()
     for side in sides[1:]:
         store = stores[side.key]
         if all(store.get(key, side.option_counts(i)) is not None for i, key in enumerate(side.keys)):
