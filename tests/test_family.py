@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from clef_quant.cli import app
 from clef_quant.families import FAMILIES, family_of_folder
 from clef_quant.quantize.inspect import inspect_checkpoint
-from clef_quant.quantize.recipes import keep_bf16, yaml_list
+from clef_quant.quantize.recipes import keep_bf16
 from clef_quant.tiny import SIZES, parameter_count
 from clef_quant.tiny.backbone_config import backbone_config, meta_model, placeholder_ids
 
@@ -228,20 +228,13 @@ def test_vllm_serve_answers_omni_natively(family_dir, clef_engine, own_engine_pr
     assert _max_gap(response.json(), ours) < 2e-3
 
 
-def test_eval_runs_on_omni(family_dir, own_engine_process, tmp_path: Path) -> None:
-    """eval's three sides on Omni: transformers, the bf16 folder through vLLM, and a candidate. vLLM 0.32's CPU build
-    has no quantized-MoE kernel, so the candidate here quantizes attention only (FP8) and leaves the experts bf16."""
-    from clef_quant.quantize.run import QuantizeConfig, quantize
-
+def test_eval_runs_on_omni(family_dir, family_quantized, own_engine_process, tmp_path: Path) -> None:
+    """eval's three sides on Omni: transformers, the bf16 folder through vLLM, and a release whose experts are
+    quantized too, in the one expert scheme of vLLM's CPU build that keeps activations quantized (fp8-block)."""
     fixtures = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
     folder = family_dir("omni-tiny")
-    keep = yaml_list((*keep_bf16(FAMILIES["clef-omni"]), r"re:.*mlp\.experts\..*"))
-    recipe = tmp_path / "attention-fp8.yaml"
-    recipe.write_text(
-        "default_stage:\n  default_modifiers:\n    QuantizationModifier:\n"
-        f"      targets: [Linear]\n      ignore: {keep}\n      scheme: FP8_DYNAMIC\n"
-    )
-    candidate = quantize(QuantizeConfig(source=str(folder), out=tmp_path / "omni-attn-fp8", recipe_file=recipe)).out
+    candidate = family_quantized("omni-tiny", "fp8-block")
+    assert {m.scheme for m in inspect_checkpoint(candidate).modules if ".mlp.experts." in m.name} == {"FP8_BLOCK"}
     runner = CliRunner()
     data = tmp_path / "data"
     built = runner.invoke(
@@ -258,3 +251,24 @@ def test_eval_runs_on_omni(family_dir, own_engine_process, tmp_path: Path) -> No
     assert result.exit_code == 0, result.output
     results = json.loads((tmp_path / "results" / "results.json").read_text())
     assert len(results["sides"]) == 3, results["sides"]
+
+
+def test_eval_refuses_omni_experts_the_cpu_cannot_run(family_dir, family_quantized, tmp_path: Path) -> None:
+    """An FP8_DYNAMIC Omni release has no expert kernel in vLLM's CPU build: eval says so and what runs instead,
+    before anything is scored or written."""
+    folder = family_dir("omni-tiny")
+    candidate = family_quantized("omni-tiny", "fp8-dynamic")
+    data, out = tmp_path / "data", tmp_path / "results"
+    runner = CliRunner()
+    built = runner.invoke(
+        app,
+        ["build-data", "--out", str(data), "--source", str(Path(__file__).resolve().parents[1] / "eval" / "fixtures"),
+         "--task", "boolq", "--per-task", "1", "--calibration-count", "0", "--tokenizer", str(folder)],
+    )  # fmt: skip
+    assert built.exit_code == 0, built.output
+    result = runner.invoke(
+        app, ["eval", "--reference", str(folder), "--candidate", str(candidate), "--data", str(data), "--out", str(out)]
+    )
+    assert result.exit_code == 2, result.output
+    assert "cannot run this release's quantized experts" in result.output and "fp8-block" in result.output
+    assert not out.exists()

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from clef_vllm.answers import response_from_logits
+from clef_vllm.cpu_experts import check_cpu_experts
 from clef_vllm.encoder import Encoder
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
 from clef_vllm.errors import RequestError, SettingsError
@@ -203,6 +204,8 @@ class ClefEngine:
         from vllm import LLM
 
         local_release(model)  # a release folder or a Hub id, before vLLM starts
+        if not uses_gpu():
+            check_cpu_experts(model)
         args = engine_args(
             model, max_model_len=max_model_len, batch_invariant=batch_invariant, limits=limits, **engine_kwargs
         )
