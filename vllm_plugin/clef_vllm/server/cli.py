@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         refuse(str(exc))
     try:
         config.engine_overrides()
+        config.check_ranks()
     except SettingsError as exc:
         refuse(str(exc))
     try:
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         backend = EngineBackend(config)
+        backend.configure()
     except ClefError as exc:
         refuse(str(exc))
     except OSError as exc:  # transformers' word for a folder or Hub id without a usable tokenizer

@@ -208,6 +208,9 @@ class ServeConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens,
         }
 
+    def _parallel(self) -> dict[str, int]:
+        return {"tensor_parallel_size": self.tensor_parallel_size, "data_parallel_size": self.data_parallel_size}
+
     def engine_overrides(self) -> dict[str, Any]:
         """The `--engine-arg` settings; the engine arguments this server has a flag for are refused there."""
         from clef_vllm.engine_options import engine_overrides
@@ -220,7 +223,16 @@ class ServeConfig:
         from clef_vllm.invariance import invariance_method, uses_gpu
 
         schedule_args(**self._schedule(), method=invariance_method(uses_gpu(), self.model))
-        self.engine_overrides()
+        self.check_ranks()
+
+    def check_ranks(self) -> None:
+        """Raise `SettingsError` where a CPU cannot give every rank (`--tp` x `--dp`) cores of its own."""
+        from clef_vllm.cpu_threads import machine_binding, parallel_ranks
+        from clef_vllm.invariance import uses_gpu
+
+        ranks = parallel_ranks({**self._parallel(), **self.engine_overrides()})
+        if ranks > 1 and not uses_gpu():
+            machine_binding(ranks)
 
     def engine_kwargs(self) -> dict[str, Any]:
         from clef_vllm.engine import engine_args
@@ -228,8 +240,7 @@ class ServeConfig:
         return engine_args(
             self.model,
             limits=self.limits,
-            tensor_parallel_size=self.tensor_parallel_size,
-            data_parallel_size=self.data_parallel_size,
+            **self._parallel(),
             served_model_name=self.served_model_name,
             **self._schedule(),
             **({"enforce_eager": True} if self.enforce_eager else {}),
