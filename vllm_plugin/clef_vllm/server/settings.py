@@ -124,8 +124,20 @@ class ServeConfig:
     max_model_len: int = setting(
         DEFAULT_MAX_LENGTH, help="longest prompt in tokens, media tokens included; the state is cut to fit", at_least=1
     )
-    tensor_parallel_size: int = setting(1, help="tensor parallel size", flag="--tp", at_least=1)
-    data_parallel_size: int = setting(1, help="data parallel engines (one per GPU), one port", flag="--dp", at_least=1)
+    tensor_parallel_size: int = setting(
+        1,
+        help="tensor parallel ranks per engine; answers then move by about 0.01 from one rank's (the ranks' bf16 "
+        "partial sums are added), and on a CPU each rank needs a core of its own",
+        flag="--tp",
+        at_least=1,
+    )
+    data_parallel_size: int = setting(
+        1,
+        help="whole engines behind one port (one per GPU; on a CPU, cores of their own), each giving one engine's "
+        "answers",
+        flag="--dp",
+        at_least=1,
+    )
     # One whole prompt per engine step: the same request gets the same bits whatever else is in flight.
     # Answers that do not move with load (clef_vllm.invariance: batch-invariant kernels on a GPU, one prompt per
     # step on a CPU).
