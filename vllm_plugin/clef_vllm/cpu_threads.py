@@ -10,8 +10,8 @@ cores for them too). Fewer cores than ranks is refused (the ranks would share co
 and so is a machine of several NUMA nodes but fewer than ranks, where the split is the user's to choose. A
 binding the user set (`VLLM_CPU_OMP_THREADS_BIND`) is kept, checked only for one CPU list per rank.
 
-The number of threads does not change a rank's bits on the tiny checkpoint (1 and 2 threads gave the same answers
-to the last bit), so data parallel engines answer exactly as one engine does.
+A data parallel engine may get fewer threads than a lone engine. On the tiny checkpoint that changes no bit (1
+and 2 threads gave the same answers to the last bit); larger layers on many cores are not measured.
 """
 
 from __future__ import annotations
