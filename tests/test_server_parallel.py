@@ -1,7 +1,7 @@
 """`clef-systemone --dp N` and `--tp N` on a CPU: data parallel engines answer exactly as one engine does, every
 rank gets cores of its own, and what vLLM cannot run ends the command with one `error:` line.
 
-`--tp 2` is not started here: it starts (about 60 s on two shared cores, twice a one-engine server) and its
+`--tp 2` is not started here: it starts (55-80 s on two shared cores, about twice a one-engine server) and its
 answers differ from one engine's by up to 0.012, stable across runs (README, "Several engines"); what is ours in
 it, the cores each rank is bound to, is checked below without an engine."""
 
