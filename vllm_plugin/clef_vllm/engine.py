@@ -32,6 +32,7 @@ import torch
 
 from clef_vllm.answers import response_from_logits
 from clef_vllm.cpu_experts import check_cpu_experts
+from clef_vllm.cpu_threads import bind_rank_threads, parallel_ranks
 from clef_vllm.encoder import Encoder
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
 from clef_vllm.errors import RequestError, SettingsError
@@ -143,10 +144,13 @@ def engine_args(
     return args
 
 
-def prepare_engine_process(batch_invariant: bool, model: str | Path) -> None:
-    """Process-wide settings an engine about to start reads: the CPU KV cache size, and vLLM's batch-invariant
-    kernels when answers must not move with load and they cover the model here."""
+def prepare_engine_process(batch_invariant: bool, model: str | Path, args: dict[str, Any]) -> None:
+    """Process-wide settings an engine about to start with `args` reads: on a CPU the KV cache size and the cores
+    of each rank (`clef_vllm.cpu_threads`), and vLLM's batch-invariant kernels when answers must not move with
+    load and they cover the model here."""
     apply_cpu_defaults()
+    if not uses_gpu():
+        bind_rank_threads(parallel_ranks(args))
     set_invariant_kernels(batch_invariant and invariance_method(uses_gpu(), model) == KERNELS)
 
 
@@ -214,7 +218,7 @@ class ClefEngine:
         self.limits = limits
         self.batch_invariant = batch_invariant
         self.encoder = Encoder(self.model, max_length=max_model_len, media=limits.media_enabled)
-        prepare_engine_process(batch_invariant, model)
+        prepare_engine_process(batch_invariant, model, args)
         show_vllm_warnings_once()
         self.llm = LLM(**args)
         show_vllm_warnings_once()  # again: the engine's modules brought their own loggers

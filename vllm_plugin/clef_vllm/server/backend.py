@@ -23,6 +23,7 @@ from clef_vllm.answers import response_from_logits
 from clef_vllm.encoder import Encoder, load_tokenizer
 from clef_vllm.encoding import Encoding
 from clef_vllm.engine import engine_prompt, prepare_engine_process
+from clef_vllm.errors import SettingsError
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.request import ClefRequest
 from clef_vllm.server.model_info import model_info
@@ -89,6 +90,14 @@ class Load:
             self.in_progress[name] -= 1
 
 
+def vllm_refusal(exc: ValueError) -> str:
+    """vLLM's reason for refusing a configuration, as one line (pydantic wraps it in a validation report)."""
+    errors = getattr(exc, "errors", None)
+    message = str(errors()[0]["msg"]) if callable(errors) else str(exc)
+    lines = message.strip().splitlines() or [type(exc).__name__]
+    return lines[0].removeprefix("Value error, ")
+
+
 class EngineBackend:
     """Owns the async engine; `score` turns one request body into a response body."""
 
@@ -101,21 +110,35 @@ class EngineBackend:
         )
         self._processor_lock = threading.Lock()  # the processor's own tokenizer refuses concurrent use too
         self._ids = itertools.count()
+        self.vllm_config: Any = None
         self.engine: Any = None
         self.ready = False
         self.failed = False
         self.load = Load()
 
-    def start(self) -> None:
+    def configure(self) -> None:
+        """Build vLLM's engine configuration (fast: nothing is loaded). The server does it before it listens, so
+        settings vLLM refuses (a `--tp` that does not divide the model's heads, an `--engine-arg` out of range) end
+        the command with one line, not as an engine that dies while the server waits (which a supervisor restarts)."""
         from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.usage.usage_lib import UsageContext
 
-        prepare_engine_process(self.config.batch_invariant, self.config.model)
-        show_vllm_warnings_once()
         # vLLM labels its metrics with this name: the one /v1/models shows, never the folder's path.
         name = model_info(self.config.model, self.config.served_model_name).name
         kwargs = {**self.config.engine_kwargs(), "served_model_name": name}
-        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        prepare_engine_process(self.config.batch_invariant, self.config.model, kwargs)
+        show_vllm_warnings_once()
+        try:
+            self.vllm_config = AsyncEngineArgs(**kwargs).create_engine_config(UsageContext.ENGINE_CONTEXT)
+        except ValueError as exc:  # pydantic's ValidationError is one too
+            raise SettingsError(f"vLLM refuses the engine settings: {vllm_refusal(exc)}") from None
+
+    def start(self) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if self.vllm_config is None:
+            self.configure()
+        self.engine = AsyncLLM.from_vllm_config(self.vllm_config)
         show_vllm_warnings_once()  # again: the engine's modules brought their own loggers
 
     @property
@@ -160,14 +183,10 @@ class EngineBackend:
         return output.outputs.data.float().cpu()
 
     async def warm_up(self) -> None:
-        """One real request through every stage, so the first client does not pay for lazy setup."""
-        await self.score(
-            {
-                "model": self.config.model_name,
-                "state": "warm-up",
-                "questions": {"ready": {"type": "noul"}},
-            }
-        )
+        """One real request through every stage of every engine (`--dp` of them, sent at once: vLLM spreads a
+        burst over its engines), so the first client does not pay for lazy setup."""
+        body = {"model": self.config.model_name, "state": "warm-up", "questions": {"ready": {"type": "noul"}}}
+        await asyncio.gather(*(self.score(body) for _ in range(self.config.data_parallel_size)))
         self.ready = True
 
     def shutdown(self) -> None:

@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         refuse(str(exc))
     try:
         config.engine_overrides()
+        config.check_ranks()
     except SettingsError as exc:
         refuse(str(exc))
     try:
@@ -146,10 +147,14 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         backend = EngineBackend(config)
+        backend.configure()
     except ClefError as exc:
         refuse(str(exc))
     except OSError as exc:  # transformers' word for a folder or Hub id without a usable tokenizer
         refuse(f"cannot load {config.model}: {str(exc).strip().splitlines()[0]}")
+    except Exception:  # as an engine that fails to start: the reason in the log, a status a supervisor restarts on
+        logging.getLogger("clef_vllm.server").exception("the engine failed to start")
+        sys.exit(EXIT_ENGINE_DIED)
     app = create_app(backend, on_engine_death=on_engine_death)
     server = uvicorn.Server(
         uvicorn.Config(

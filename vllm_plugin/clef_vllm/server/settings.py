@@ -124,8 +124,20 @@ class ServeConfig:
     max_model_len: int = setting(
         DEFAULT_MAX_LENGTH, help="longest prompt in tokens, media tokens included; the state is cut to fit", at_least=1
     )
-    tensor_parallel_size: int = setting(1, help="tensor parallel size", flag="--tp", at_least=1)
-    data_parallel_size: int = setting(1, help="data parallel engines (one per GPU), one port", flag="--dp", at_least=1)
+    tensor_parallel_size: int = setting(
+        1,
+        help="tensor parallel ranks per engine; answers then move by about 0.01 from one rank's (the ranks' bf16 "
+        "partial sums are added), and on a CPU each rank needs a core of its own",
+        flag="--tp",
+        at_least=1,
+    )
+    data_parallel_size: int = setting(
+        1,
+        help="whole engines behind one port (one per GPU; on a CPU, cores of their own), each giving one engine's "
+        "answers",
+        flag="--dp",
+        at_least=1,
+    )
     # One whole prompt per engine step: the same request gets the same bits whatever else is in flight.
     # Answers that do not move with load (clef_vllm.invariance: batch-invariant kernels on a GPU, one prompt per
     # step on a CPU).
@@ -208,6 +220,9 @@ class ServeConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens,
         }
 
+    def _parallel(self) -> dict[str, int]:
+        return {"tensor_parallel_size": self.tensor_parallel_size, "data_parallel_size": self.data_parallel_size}
+
     def engine_overrides(self) -> dict[str, Any]:
         """The `--engine-arg` settings; the engine arguments this server has a flag for are refused there."""
         from clef_vllm.engine_options import engine_overrides
@@ -220,7 +235,16 @@ class ServeConfig:
         from clef_vllm.invariance import invariance_method, uses_gpu
 
         schedule_args(**self._schedule(), method=invariance_method(uses_gpu(), self.model))
-        self.engine_overrides()
+        self.check_ranks()
+
+    def check_ranks(self) -> None:
+        """Raise `SettingsError` where a CPU cannot give every rank (`--tp` x `--dp`) cores of its own."""
+        from clef_vllm.cpu_threads import machine_binding, parallel_ranks
+        from clef_vllm.invariance import uses_gpu
+
+        ranks = parallel_ranks({**self._parallel(), **self.engine_overrides()})
+        if ranks > 1 and not uses_gpu():
+            machine_binding(ranks)
 
     def engine_kwargs(self) -> dict[str, Any]:
         from clef_vllm.engine import engine_args
@@ -228,8 +252,7 @@ class ServeConfig:
         return engine_args(
             self.model,
             limits=self.limits,
-            tensor_parallel_size=self.tensor_parallel_size,
-            data_parallel_size=self.data_parallel_size,
+            **self._parallel(),
             served_model_name=self.served_model_name,
             **self._schedule(),
             **({"enforce_eager": True} if self.enforce_eager else {}),

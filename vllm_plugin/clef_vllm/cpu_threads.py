@@ -1,0 +1,97 @@
+"""Which CPUs each rank of an engine runs its threads on, when a CPU engine has several (`--tp`, `--dp`).
+
+vLLM binds every rank's OpenMP threads itself (`VLLM_CPU_OMP_THREADS_BIND=auto`,
+vllm/utils/ompmultiprocessing.py): one NUMA node per rank. With fewer NUMA nodes than tensor parallel ranks it
+stops at start ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"), and data parallel engines
+on one node all bind to the same cores, so a second engine adds no compute. On a machine of one NUMA node the
+physical cores are split evenly between the ranks here instead, one logical CPU per core as vLLM's own binding
+picks on x86; when there are more cores than ranks, one is left to the server and the engine cores (vLLM keeps
+cores for them too). Fewer cores than ranks is refused (the ranks would share cores and slow each other down),
+and so is a machine of several NUMA nodes but fewer than ranks, where the split is the user's to choose. A
+binding the user set (`VLLM_CPU_OMP_THREADS_BIND`) is kept, checked only for one CPU list per rank.
+
+A data parallel engine may get fewer threads than a lone engine. On the tiny checkpoint that changes no bit (1
+and 2 threads gave the same answers to the last bit); larger layers on many cores are not measured.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from clef_vllm.errors import SettingsError
+
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+_VLLM_AUTO = "auto"
+_NO_BINDING = "nobind"
+
+
+class LogicalCpu(NamedTuple):
+    id: int
+    core: int  # the physical core it belongs to
+    node: int  # its NUMA node
+
+
+def parallel_ranks(engine_args: Mapping[str, Any]) -> int:
+    """How many model ranks the engine arguments ask for: tensor x pipeline parallel, per data parallel engine."""
+    return (
+        int(engine_args.get("tensor_parallel_size") or 1)
+        * int(engine_args.get("pipeline_parallel_size") or 1)
+        * int(engine_args.get("data_parallel_size") or 1)
+    )
+
+
+def omp_binding(ranks: int, cpus: Sequence[LogicalCpu], nodes: Sequence[int], current: str | None) -> str | None:
+    """The `VLLM_CPU_OMP_THREADS_BIND` value to set for `ranks` ranks on these allowed CPUs and NUMA nodes, or
+    None to leave it as it is (one rank, a binding of the user's, or a NUMA node per rank for vLLM's own)."""
+    if ranks <= 1 or current == _NO_BINDING:
+        return None
+    if current and current != _VLLM_AUTO:
+        lists = current.split("|")
+        if len(lists) != ranks:
+            raise SettingsError(
+                f"{BIND_ENV}={current!r} gives {len(lists)} CPU list(s) and {_ranks_text(ranks)} need one each, "
+                "separated by '|'"
+            )
+        return None
+    if len(nodes) >= ranks:
+        return None
+    if len(nodes) > 1:  # a split of ours could leave a rank's threads on two nodes, far from its memory
+        raise SettingsError(
+            f"{_ranks_text(ranks)} need a NUMA node each for vLLM's CPU thread binding and this machine allows "
+            f"{len(nodes)}: set {BIND_ENV} to one CPU list per rank, separated by '|'"
+        )
+    one_per_core: dict[int, LogicalCpu] = {}
+    for cpu in sorted(cpus, key=lambda cpu: (cpu.node, cpu.core, cpu.id)):
+        one_per_core[cpu.core] = cpu  # the last sibling of each core, as vLLM picks on x86
+    cores = sorted(one_per_core.values(), key=lambda cpu: (cpu.node, cpu.id))
+    if len(cores) < ranks:
+        raise SettingsError(
+            f"{_ranks_text(ranks)} need a CPU core each and this machine allows {len(cores)}: vLLM's CPU backend "
+            f"runs every rank's threads on cores of its own (or set {BIND_ENV})"
+        )
+    per_rank = (len(cores) - (1 if len(cores) > ranks else 0)) // ranks
+    groups = [cores[rank * per_rank : (rank + 1) * per_rank] for rank in range(ranks)]
+    return "|".join(",".join(str(cpu.id) for cpu in group) for group in groups)
+
+
+def _ranks_text(ranks: int) -> str:
+    return f"{ranks} engine ranks (tensor x data parallel size)"
+
+
+def machine_binding(ranks: int) -> str | None:
+    """`omp_binding` for this machine and process: the CPUs and NUMA nodes it may use, as vLLM reads them."""
+    if ranks <= 1:
+        return None
+    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_visible_memory_node
+
+    cpus = [LogicalCpu(cpu.id, cpu.physical_core, cpu.numa_node) for cpu in get_allowed_cpu_list()]
+    return omp_binding(ranks, cpus, get_visible_memory_node(), os.environ.get(BIND_ENV))
+
+
+def bind_rank_threads(ranks: int) -> None:
+    """Set the binding `machine_binding` chooses for the engine about to start (its processes inherit it)."""
+    binding = machine_binding(ranks)
+    if binding is not None:
+        os.environ[BIND_ENV] = binding
