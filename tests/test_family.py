@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -272,3 +273,7 @@ def test_eval_refuses_omni_experts_the_cpu_cannot_run(family_dir, family_quantiz
     assert result.exit_code == 2, result.output
     assert "cannot run this release's quantized experts" in result.output and "fp8-block" in result.output
     assert not out.exists()
+    served = subprocess.run(
+        [sys.executable, "-m", "clef_vllm.server.cli", "--model", str(candidate)], capture_output=True, text=True
+    )
+    assert served.returncode == 2 and "cannot run this release's quantized experts" in served.stderr, served.stderr

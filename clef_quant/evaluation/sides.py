@@ -22,7 +22,6 @@ from clef_quant.release_folder.fingerprints import FolderFingerprint, folder_fin
 from clef_vllm.cpu_experts import check_cpu_experts
 from clef_vllm.encoding import Encoding
 from clef_vllm.errors import RequestError
-from clef_vllm.invariance import uses_gpu
 
 Role = Literal["reference", "noise-floor", "candidate"]
 REFERENCE_NAME = "bf16 reference"
@@ -103,8 +102,7 @@ def plan_sides(config: EvalConfig, engine_settings: dict[str, Any], progress: Pr
         key = side_key(f"plugin-{folder.name}", fingerprint, plugin_settings)
         if any(side.key == key for side in sides):
             raise DataError(f"candidate {source} is given twice")
-        if not uses_gpu():
-            check_cpu_experts(folder)  # before the reference spends minutes scoring
+        check_cpu_experts(folder)  # before the reference spends minutes scoring
         name = folder.name
         while name in names:
             name += "'"

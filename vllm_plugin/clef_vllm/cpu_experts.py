@@ -20,7 +20,12 @@ CPU_EXPERT_SCHEMES = "fp8-block (on CPUs with AMX) or w4a16"
 
 
 def check_cpu_experts(model: str | Path) -> None:
-    """Refuse, with what to do instead, a MoE release whose quantized experts vLLM's CPU build cannot run."""
+    """On a machine without a GPU, refuse (with what to do instead) a MoE release whose quantized experts vLLM's
+    CPU build cannot run."""
+    from clef_vllm.invariance import uses_gpu
+
+    if uses_gpu():
+        return
     config = _read_config(Path(model))
     if config is None or not _has_experts(config):
         return

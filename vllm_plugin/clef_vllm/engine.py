@@ -208,8 +208,7 @@ class ClefEngine:
         from vllm import LLM
 
         local_release(model)  # a release folder or a Hub id, before vLLM starts
-        if not uses_gpu():
-            check_cpu_experts(model)
+        check_cpu_experts(model)
         args = engine_args(
             model, max_model_len=max_model_len, batch_invariant=batch_invariant, limits=limits, **engine_kwargs
         )
