@@ -8,7 +8,8 @@ For every (release, mode) pair one `ClefEngine` starts and measures, in this ord
 3. latency: `latency_requests` single requests one after another -> p50 and p95 in ms;
 4. optionally a profile of single requests (vLLM's torch profiler in the engine core): GPU kernel time by part of
    the model, and the share of the wall time the GPU sat idle (scheduling, IPC, launch gaps).
-Then `clef-systemone` serves each release given to `server_releases` in the default mode at 1, 8 and 64 clients.
+Then `clef-systemone` serves each release given to `server_releases` in the default mode at 1, 8 and 64 clients,
+and vLLM's own Clef class (`vllm serve` without our plugin, vLLM 0.33 and later) each one in `native_releases`.
 Results go to a JSON file after every step, so a run cut short keeps what it measured.
 """
 
@@ -81,6 +82,8 @@ MODE_NAMES = tuple(MODES)
 # The workload is text: the vision tower stays unloaded, as `clef-systemone --language-model-only` does.
 TEXT_ONLY = replace(DEFAULT_LIMITS, max_images=0, max_videos=0)
 CLIENT_COUNTS = (1, 8, 64)
+SYSTEMONE = "clef-systemone"
+NATIVE = "vllm serve (native)"  # vLLM's own Clef class (0.33 and later), without our plugin
 
 
 @dataclass
@@ -116,6 +119,7 @@ class ServerRun:
     latency_ms: list[float]
     errors: int
     identical_to_one_client: int | None = None
+    server: str = SYSTEMONE
 
 
 @dataclass
@@ -286,8 +290,10 @@ def run_modes(
     latency_requests: int = 20,
     profile: tuple[str, str] | None = None,
     server_releases: list[str] | None = None,
+    native_releases: list[str] | None = None,
     engine_kwargs: dict[str, Any] | None = None,
     server_flags: list[str] | None = None,
+    native_flags: list[str] | None = None,
     progress: Progress | None = None,
 ) -> ModesResult:
     """Every release in each of its modes, then the servers; `profile` names the (release, mode) pair to profile."""
@@ -330,35 +336,48 @@ def run_modes(
             except Exception as exc:  # one mode that cannot run on this machine is a result, not the end of the run
                 run.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
             save()
-    for scheme, folder, _ in releases:
-        if scheme not in (server_releases or []):
-            continue
-        stage(f"clef-systemone, {scheme}")
-        result.servers += serve_at_client_counts(folder, scheme, bodies, result.max_model_len, server_flags or [])
-        save()
+    for server, chosen in ((SYSTEMONE, server_releases), (NATIVE, native_releases)):
+        for scheme, folder, _ in releases:
+            if scheme not in (chosen or []):
+                continue
+            stage(f"{server}, {scheme}")
+            flags = (server_flags if server == SYSTEMONE else native_flags) or []
+            result.servers += serve_at_client_counts(folder, scheme, bodies, result.max_model_len, flags, server)
+            save()
     stage.done()
     return result
 
 
 def serve_at_client_counts(
-    folder: Path, scheme: str, bodies: list[dict[str, Any]], max_model_len: int, flags: list[str]
+    folder: Path,
+    scheme: str,
+    bodies: list[dict[str, Any]],
+    max_model_len: int,
+    flags: list[str],
+    server: str = SYSTEMONE,
 ) -> list[ServerRun]:
-    """One `clef-systemone` in the default mode; the workload at each client count, answers compared with the
-    one-client run's."""
+    """One server, `clef-systemone` in its default mode or native vLLM with its own defaults; the workload at each
+    client count, answers compared with the one-client run's."""
     import asyncio
     import tempfile
 
-    from clef_quant.bench.processes import free_port, running, systemone_command
+    from clef_quant.bench import processes
 
-    port = free_port()
+    port = processes.free_port()
     runs: list[ServerRun] = []
-    command = systemone_command(folder, port, "--max-model-len", str(max_model_len), "--language-model-only", *flags)
-    with tempfile.TemporaryDirectory() as logs, running(command, port, Path(logs) / "systemone.log"):
+    shared = ("--max-model-len", str(max_model_len), "--language-model-only", *flags)
+    if server == NATIVE:  # vLLM answers only for the model name it serves: the one the bodies ask for
+        named = ("--served-model-name", str(bodies[0].get("model", "clef")))
+        command, env = processes.native_vllm_command(folder, port, *shared, *named), processes.native_vllm_env()
+    else:
+        command, env = processes.systemone_command(folder, port, *shared), None
+    with tempfile.TemporaryDirectory() as logs, processes.running(command, port, Path(logs) / "server.log", env):
         url = f"http://127.0.0.1:{port}/v1/systemone"
         baseline: list[Any] | None = None
         for clients in CLIENT_COUNTS:
             rate, latencies, answers, errors = asyncio.run(_timed_clients(url, bodies, clients))
-            run = ServerRun(str(folder), scheme, "invariant", clients, rate, latencies, errors)
+            mode = "invariant" if server == SYSTEMONE else "vLLM's defaults"
+            run = ServerRun(str(folder), scheme, mode, clients, rate, latencies, errors, server=server)
             if baseline is None:
                 baseline = answers
             else:

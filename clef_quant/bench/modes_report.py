@@ -80,12 +80,13 @@ def render_markdown(result: ModesResult) -> str:
     ]
     lines += [markdown_table(["release", "mode", "p50 ms", "p95 ms"], latency, "llrr"), ""]
     if result.servers:
-        lines += ["## clef-systemone (default mode)", ""]
+        lines += ["## Servers: clef-systemone (default mode) and native vLLM", ""]
         rows = []
         for server in result.servers:
             offline = _offline_invariant(result, server.scheme)
             rows.append(
                 [
+                    server.server,
                     server.scheme,
                     str(server.clients),
                     f"{server.requests_s:.1f}",
@@ -98,7 +99,17 @@ def render_markdown(result: ModesResult) -> str:
                     str(server.errors),
                 ]
             )
-        header = ["release", "clients", "requests/s", "p50 ms", "p95 ms", "vs offline", "answers = 1 client", "errors"]
+        header = [
+            "server",
+            "release",
+            "clients",
+            "requests/s",
+            "p50 ms",
+            "p95 ms",
+            "vs offline",
+            "answers = 1 client",
+            "errors",
+        ]
         lines += [markdown_table(header, rows), ""]
     for run in result.runs:
         if run.breakdown is None:

@@ -72,3 +72,18 @@ def systemone_command(model: Path | str, port: int, *flags: str) -> list[str]:
     script = Path(sys.executable).parent / "clef-systemone"
     start = [str(script)] if script.is_file() else [sys.executable, "-m", "clef_vllm.server.cli"]
     return [*start, "--model", str(model), "--port", str(port), *flags]
+
+
+def native_vllm_command(model: Path | str, port: int, *flags: str) -> list[str]:
+    """`vllm serve` as a vLLM that serves Clef natively (0.33 and later) runs it: its own model class and
+    /v1/systemone, its own defaults. Start it with `native_vllm_env()` so our plugin stays out of it."""
+    return [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--runner", "pooling", "--port", str(port), *flags,
+    ]  # fmt: skip
+
+
+def native_vllm_env() -> dict[str, str]:
+    env = server_env()
+    env["VLLM_PLUGINS"] = ""  # vLLM loads only the plugins named here: none
+    return env

@@ -294,6 +294,14 @@ def modes(
             "clients; repeatable.",
         ),
     ] = None,
+    serve_native: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="RELEASE",
+            help="Also serve this release (row name) with vLLM's own Clef class, `vllm serve` without our plugin "
+            "and with vLLM's defaults (vLLM 0.33 and later), at the same client counts; repeatable.",
+        ),
+    ] = None,
     enforce_eager: EnforceEagerOption = False,
     engine_arg: EngineArgOption = None,
     append: Annotated[
@@ -341,9 +349,10 @@ def modes(
         if not any(name == scheme and mode_name in [m.name for m in m_] for name, _, m_ in releases):
             raise fail(f"--profile {profile}: name one of the releases ({', '.join(names)}) and one of its modes")
         profiled = (scheme, mode_name)
-    for name in serve or []:
-        if name not in names:
-            raise fail(f"--serve {name}: not one of the releases ({', '.join(names)})")
+    for flag, given_names in (("--serve", serve), ("--serve-native", serve_native)):
+        for name in given_names or []:
+            if name not in names:
+                raise fail(f"{flag} {name}: not one of the releases ({', '.join(names)})")
     engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = out or Path(f"bench/results/modes-{device.type}.md")
@@ -375,13 +384,26 @@ def modes(
             latency_requests=min(latency_requests, records),
             profile=profiled,
             server_releases=serve,
+            native_releases=serve_native,
             engine_kwargs=engine_kwargs,
             server_flags=[
                 *(["--enforce-eager"] if enforce_eager else []),
                 *(flag for item in engine_arg or [] for flag in ("--engine-arg", item)),
             ],
+            native_flags=_native_server_flags(enforce_eager, device.type == "cuda"),
             progress=progress,
         )
+
+
+def _native_server_flags(enforce_eager: bool, gpu: bool) -> list[str]:
+    """`vllm serve` flags for the native server: eager as ours when asked, and the GDN prefill backend our engines
+    get on a GPU (vLLM's default there needs FlashInfer)."""
+    from clef_vllm.engine import gpu_defaults
+
+    flags = ["--enforce-eager"] if enforce_eager else []
+    for key, value in (gpu_defaults({}) if gpu else {}).items():
+        flags += [f"--{key.replace('_', '-')}", str(value)]
+    return flags
 
 
 @contextlib.contextmanager
