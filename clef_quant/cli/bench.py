@@ -736,6 +736,7 @@ def latency(
     from clef_quant.bench.latency import LatencyResult, ReleaseLatency, run_latency
     from clef_quant.bench.latency_report import write_report
     from clef_quant.families import family_of_folder
+    from clef_quant.release_folder.outputs import check_place
     from clef_quant.release_folder.versions import SCORING_TOOLS, tool_versions
 
     seen: set[Path] = set()
@@ -745,6 +746,7 @@ def latency(
             raise fail(f"--release {folder} is given twice")
         seen.add(folder.resolve())
     engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
+    check_place(out.absolute())  # a report that cannot be written fails now, not after the engines ran
     runs = []
     with stage_line("building the workloads"):
         for folder in release:
