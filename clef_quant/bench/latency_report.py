@@ -12,6 +12,7 @@ TITLE = "One request at a time: the Flide workloads"
 HEADER = (
     "release",
     "workload",
+    "requests",
     "input tokens",
     "state tokens",
     "p50 ms",
@@ -51,6 +52,7 @@ def render_markdown(result: LatencyResult) -> str:
         [
             f"`{run.release}`",
             w.workload,
+            str(len(w.latency_ms)),  # fewer than the repeats where the run was stopped early
             f"{w.input_tokens:,}",
             f"{w.state_tokens:,}",
             f"{w.p50_ms:.1f}",
