@@ -724,7 +724,8 @@ def latency(
     graphs unless --enforce-eager). Every workload runs once untimed, then --repeats times one after another, each
     request timed from its body to its answers. Stopped early (Ctrl-C, SIGTERM), it writes what it measured.
 
-    Example: clef-quant bench latency --release artifacts/tiny --repeats 2 --enforce-eager --out artifacts/latency.md
+    Example: clef-quant bench latency --release artifacts/tiny --repeats 2 --enforce-eager \\
+        --out artifacts/flide-latency.md
 
     Example: clef-quant bench latency --release /dev/shm/clef --release /dev/shm/clef-FP8_DYNAMIC \\
         --out bench/results/flide-latency-h200.md
