@@ -436,6 +436,11 @@ REFUSALS = [
     ),
     pytest.param(["no-such-command"], r"No such command 'no-such-command'", id="unknown-command"),
     pytest.param(["bench", "no-such-command"], r"No such command", id="unknown-bench-command"),
+    pytest.param(
+        ["bench", "latency", "--release", "{tiny}", "--out", "{file}/r.md"],
+        r"cannot write .*/r\.md: .*file is not a folder",
+        id="bench-latency-under-file",
+    ),
     pytest.param(["make-tiny"], r"Missing argument 'DIR'", id="missing-argument"),
     pytest.param(
         ["make-tiny", "{file}", "--overwrite"],

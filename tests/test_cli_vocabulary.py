@@ -288,6 +288,7 @@ MAX_MODEL_LEN_COMMANDS = {
     "bench serve": ["--model", "M"],
     "bench quantize": ["--model", "M", "--work", "W"],
     "bench modes": ["--release", "R"],
+    "bench latency": ["--release", "R", "--out", "O"],
 }
 
 

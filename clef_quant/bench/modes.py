@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from clef_quant.bench.profile_trace import Breakdown, kernel_breakdown, newest_trace
 from clef_quant.progress import Progress, Stages
 from clef_vllm.invariance import BF16_GEMM_ENV
-from clef_vllm.request import DEFAULT_LIMITS
+from clef_vllm.request import DEFAULT_LIMITS, Limits
 
 if TYPE_CHECKING:
     import torch
@@ -250,7 +250,10 @@ def profiler_engine_kwargs(trace_dir: Path) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def started_engine(folder: Path, mode: Mode, max_model_len: int, extra: dict[str, Any]) -> Iterator[Any]:
+def started_engine(
+    folder: Path, mode: Mode, max_model_len: int, extra: dict[str, Any], limits: Limits = TEXT_ONLY
+) -> Iterator[Any]:
+    """A `ClefEngine` in `mode`, closed when the block ends (also when it ends early)."""
     import os
 
     from clef_vllm.engine import ClefEngine
@@ -262,7 +265,7 @@ def started_engine(folder: Path, mode: Mode, max_model_len: int, extra: dict[str
             folder,
             max_model_len=max_model_len,
             batch_invariant=mode.batch_invariant,
-            limits=TEXT_ONLY,
+            limits=limits,
             **{**mode.engine_kwargs, **extra},
         )
     finally:
@@ -277,6 +280,12 @@ def started_engine(folder: Path, mode: Mode, max_model_len: int, extra: dict[str
         engine.close()
         del engine
         gc.collect()
+
+
+def failure_line(exc: Exception) -> str:
+    """What a report says of a run that failed: the exception's type and the first line of its message."""
+    message = str(exc).strip()
+    return f"{type(exc).__name__}: {message.splitlines()[0] if message else ''}"
 
 
 def run_modes(
@@ -334,7 +343,7 @@ def run_modes(
                         save=save,
                     )
             except Exception as exc:  # one mode that cannot run on this machine is a result, not the end of the run
-                run.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                run.error = failure_line(exc)
             save()
     for server, chosen in ((SYSTEMONE, server_releases), (NATIVE, native_releases)):
         for scheme, folder, _ in releases:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -330,6 +330,7 @@ def modes(
 
     from clef_quant.bench.environment import machine_name
     from clef_quant.bench.modes import MODES, ModesResult, run_modes
+    from clef_quant.bench.modes_report import write_report
     from clef_quant.bench.workload import serving_requests
     from clef_vllm.encoder import Encoder
     from clef_vllm.request import parse_request
@@ -373,7 +374,7 @@ def modes(
         result = _appended(out.with_suffix(".json"), result)
     quiet_tools(False, VLLM_QUIET)
     # Stopped early (Ctrl-C, or SIGTERM, which user_errors turns into the same), it writes what it measured.
-    with stage_line("benchmarking") as progress, _report_written(result, out):
+    with stage_line("benchmarking") as progress, _report_written(lambda: write_report(result, out)):
         run_modes(
             releases,
             bodies,
@@ -407,15 +408,12 @@ def _native_server_flags(enforce_eager: bool, gpu: bool) -> list[str]:
 
 
 @contextlib.contextmanager
-def _report_written(result: ModesResult, out: Path) -> Iterator[None]:
+def _report_written(write: Callable[[], list[Path]]) -> Iterator[None]:
     """Write the report when the block ends, also when it ends early (what was measured until then)."""
-    from clef_quant.bench.modes_report import write_report
-
     try:
         yield
     finally:
-        written = write_report(result, out)
-        typer.echo(f"wrote {' and '.join(map(str, written))}")
+        typer.echo(f"wrote {' and '.join(map(str, write()))}")
 
 
 @app.command("throughput")
@@ -714,3 +712,108 @@ def workloads(
         table.add_row(w.name, str(w.input_tokens), str(w.state_tokens), f"{w.flide_ms:.1f}", f"{w.sglang_ms:.1f}")
     results_console().print(table)
     typer.echo(f"wrote {out}")
+
+
+@app.command("latency")
+@user_errors
+def latency(
+    release: Annotated[
+        list[Path],
+        typer.Option(
+            "--release",
+            metavar="FOLDER",
+            help="A release folder (clef-flash, clef or Clef-Omni; bf16 or quantized), repeatable; each gets its own "
+            "engine, one after another.",
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="Report path (markdown); its JSON goes beside it, same stem; both rewritten after every workload."
+        ),
+    ],
+    repeats: Annotated[int, typer.Option(min=1, help="Timed requests of each workload, after one untimed.")] = 20,
+    max_model_len: Annotated[
+        int, max_model_len_option("The engines' maximum length: at least the longest workload's tokens (quality's).")
+    ] = 12288,
+    enforce_eager: EnforceEagerOption = False,
+    engine_arg: EngineArgOption = None,
+) -> None:
+    """Time the five Flide-shaped workloads of `bench workloads` one request at a time on each release: input and
+    state tokens, p50 and p95 ms, beside the medians Flide and SGLang publish for the 27B on one H200.
+
+    Each release runs in its own engine in the default mode (invariant kernels; on a GPU torch.compile and CUDA
+    graphs unless --enforce-eager). Every workload runs once untimed, then --repeats times one after another, each
+    request timed from its body to its answers. Stopped early (Ctrl-C, SIGTERM), it writes what it measured.
+
+    Example: clef-quant bench latency --release artifacts/tiny --repeats 2 --enforce-eager \\
+        --out artifacts/flide-latency.md
+
+    Example: clef-quant bench latency --release /dev/shm/clef --release /dev/shm/clef-FP8_DYNAMIC \\
+        --out bench/results/flide-latency-h200.md
+    """
+    import torch
+
+    from clef_quant.bench.environment import machine_name
+    from clef_quant.bench.flide_workloads import flide_workloads
+    from clef_quant.bench.latency import LatencyResult, ReleaseLatency, run_latency
+    from clef_quant.bench.latency_report import write_report
+    from clef_quant.families import family_of_folder
+    from clef_quant.release_folder.outputs import check_place
+    from clef_quant.release_folder.versions import SCORING_TOOLS, tool_versions
+
+    seen: set[Path] = set()
+    for folder in release:
+        _require_release(folder, hint=f"clef-quant make-tiny {folder}")
+        if folder.resolve() in seen:
+            raise fail(f"--release {folder} is given twice")
+        seen.add(folder.resolve())
+    engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
+    check_place(out.absolute())  # a report that cannot be written fails now, not after the engines ran
+    runs = []
+    with stage_line("building the workloads"):
+        for folder in release:
+            workloads = flide_workloads(folder)
+            longest = max(workloads, key=lambda w: w.input_tokens)
+            if longest.input_tokens > max_model_len:
+                raise fail(
+                    f"--max-model-len {max_model_len} is below the {longest.name} workload's {longest.input_tokens} "
+                    f"tokens on {folder}; its state would be cut"
+                )
+            family = family_of_folder(folder)
+            model = family.name if family is not None else "unknown"
+            runs.append((ReleaseLatency(release=str(folder), model=model, scheme=_release_name(folder)), workloads))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    result = LatencyResult(
+        machine=machine_name(device),
+        date=utc_minute(),
+        versions=tool_versions(SCORING_TOOLS, source_trees=True),
+        command=_command_line(),
+        repeats=repeats,
+        max_model_len=max_model_len,
+        engine={key: repr(value) for key, value in engine_kwargs.items()},
+    )
+    quiet_tools(False, VLLM_QUIET)
+    # Stopped early (Ctrl-C, or SIGTERM, which user_errors turns into the same), it writes what it measured.
+    with stage_line("benchmarking") as progress, _report_written(lambda: write_report(result, out)):
+        run_latency(runs, result, lambda: write_report(result, out), engine_kwargs=engine_kwargs, progress=progress)
+        table = Table(title=f"one request at a time, {result.machine}")
+        for column in ("release", "workload", "input tokens", "p50 ms", "p95 ms", "Flide ms", "p50 / Flide"):
+            table.add_column(column, justify="left" if column in ("release", "workload") else "right")
+        for run, _ in runs:
+            for w in run.workloads:
+                table.add_row(
+                    run.release,
+                    w.workload,
+                    str(w.input_tokens),
+                    f"{w.p50_ms:.1f}",
+                    f"{w.p95_ms:.1f}",
+                    f"{w.flide_ms:.1f}",
+                    f"{w.p50_over_flide:.2f}",
+                )
+        results_console().print(table)
+    failed = [run for run, _ in runs if run.error]
+    for run in failed:
+        typer.echo(f"{run.release}: {run.error}", err=True)
+    if failed:
+        raise typer.Exit(1)

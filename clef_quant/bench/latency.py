@@ -1,0 +1,140 @@
+"""One request at a time on each release: the five workloads shaped like Flide's (`flide_workloads`), timed the
+way Flide publishes their latency for the 27B on one H200.
+
+For every release one `ClefEngine` starts in the default mode (invariant kernels; images allowed, for gqa). Each
+workload runs once untimed (lazy set-up and the first run of each shape stay out of the timing), then each
+workload's `repeats` requests run one after another. A request is timed from its body to its answers, as
+`ClefEngine.score` handles one body: validating and encoding it (tokenizer, image processor), the engine, the
+answers; the encoding's share is recorded beside it. Results are saved after every workload, so a run cut short
+keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, computed_field
+
+from clef_quant.bench.flide_workloads import FlideWorkload
+from clef_quant.bench.modes import MODES, failure_line, median, percentile, started_engine
+from clef_quant.progress import Progress, Stages
+from clef_vllm.answers import response_from_logits
+from clef_vllm.request import DEFAULT_LIMITS
+
+
+class WorkloadLatency(BaseModel):
+    # The figures derived from the latencies are written into the JSON too; reading recomputes them (`ignore`).
+    model_config = ConfigDict(extra="ignore")
+
+    workload: str
+    input_tokens: int  # as the engine encoded the request
+    state_tokens: int
+    flide_ms: float
+    sglang_ms: float
+    latency_ms: list[float] = []
+    encode_ms: list[float] = []  # of each latency: validating and encoding the body
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def p50_ms(self) -> float:
+        return median(self.latency_ms)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def p95_ms(self) -> float:
+        return percentile(self.latency_ms, 0.95)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def encode_p50_ms(self) -> float:
+        return median(self.encode_ms)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def p50_over_flide(self) -> float:
+        return self.p50_ms / self.flide_ms
+
+
+class ReleaseLatency(BaseModel):
+    release: str  # the folder
+    model: str  # its family (clef-flash, clef, clef-omni)
+    scheme: str  # bf16, or the labels of the scheme it was quantized with
+    start_s: float = 0.0
+    workloads: list[WorkloadLatency] = []
+    error: str | None = None
+
+
+class LatencyResult(BaseModel):
+    machine: str
+    date: str
+    versions: dict[str, str | None]
+    command: str
+    repeats: int
+    max_model_len: int
+    engine: dict[str, str]  # engine settings given beyond the defaults (--enforce-eager, --engine-arg)
+    releases: list[ReleaseLatency] = []
+
+
+def time_request(engine: Any, body: dict[str, Any]) -> tuple[float, float, int]:
+    """One request on its own: ms from body to answers, ms of them encoding it, and its prompt tokens."""
+    start = time.perf_counter()
+    request, encoding = engine.encode(body)
+    encoded = time.perf_counter()
+    (logits,) = engine.logits([encoding])  # tensors on the host: the GPU's work is finished
+    response_from_logits(request, logits, encoding.num_tokens)
+    end = time.perf_counter()
+    return (end - start) * 1000, (encoded - start) * 1000, encoding.num_tokens
+
+
+def measure_workloads(
+    engine: Any, workloads: list[FlideWorkload], run: ReleaseLatency, *, repeats: int, save: Callable[[], object]
+) -> None:
+    """Every workload once untimed, then `repeats` timed requests of each, saving after each workload."""
+    tokens = {workload.name: time_request(engine, workload.body)[2] for workload in workloads}
+    for workload in workloads:
+        row = WorkloadLatency(
+            workload=workload.name,
+            input_tokens=tokens[workload.name],
+            state_tokens=workload.state_tokens,
+            flide_ms=workload.flide_ms,
+            sglang_ms=workload.sglang_ms,
+        )
+        run.workloads.append(row)
+        for _ in range(repeats):
+            total_ms, encode_ms, _ = time_request(engine, workload.body)
+            row.latency_ms.append(total_ms)
+            row.encode_ms.append(encode_ms)
+        save()
+
+
+def run_latency(
+    releases: list[tuple[ReleaseLatency, list[FlideWorkload]]],
+    result: LatencyResult,
+    save: Callable[[], object],
+    *,
+    engine_kwargs: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> LatencyResult:
+    """Each release's engine in turn: started, measured on its workloads, stopped; `save` writes `result` after
+    every workload. A release that fails keeps its error in the result and the next one runs."""
+    stage = Stages(progress)
+    for run, workloads in releases:
+        stage(f"{run.release}: starting the engine")
+        result.releases.append(run)
+        start = time.perf_counter()
+        try:
+            mode = MODES["invariant"]
+            with started_engine(
+                Path(run.release), mode, result.max_model_len, dict(engine_kwargs or {}), limits=DEFAULT_LIMITS
+            ) as engine:
+                run.start_s = time.perf_counter() - start
+                stage(f"{run.release}: timing {len(workloads)} workloads")
+                measure_workloads(engine, workloads, run, repeats=result.repeats, save=save)
+        except Exception as exc:  # a release that cannot run here is a result, not the end of the run
+            run.error = failure_line(exc)
+        save()
+    stage.done()
+    return result

@@ -1,0 +1,86 @@
+"""`clef-quant bench latency`: the Flide-shaped workloads one request at a time on a release, in its own engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from clef_quant.bench.flide_workloads import FLIDE_MS, SGLANG_MS, flide_workloads
+from clef_quant.cli import app
+
+
+@pytest.fixture(autouse=True)
+def _no_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CLEF_QUANT_DEBUG", raising=False)
+
+
+def invoke(*args: object):
+    return CliRunner().invoke(app, ["bench", "latency", *map(str, args)])
+
+
+def test_each_workload_is_timed_on_the_release_and_reported_beside_flide(tiny_dir: Path, tmp_path: Path) -> None:
+    # The engine is the command's own: no shared engine takes the quality workload's 7k tokens.
+    out = tmp_path / "latency.md"
+    result = invoke("--release", tiny_dir, "--repeats", 2, "--enforce-eager", "--out", out)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert f"wrote {out} and {out.with_suffix('.json')}" in result.stdout
+
+    saved = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+    assert saved["repeats"] == 2 and saved["engine"] == {"enforce_eager": "True"}
+    (release,) = saved["releases"]
+    assert release["release"] == str(tiny_dir) and release["model"] == "clef-flash" and release["scheme"] == "bf16"
+    assert release["error"] is None
+    expected = {w.name: w for w in flide_workloads(tiny_dir)}
+    assert [w["workload"] for w in release["workloads"]] == list(expected) == list(FLIDE_MS)
+    for row in release["workloads"]:
+        # The engine's own count of what it ran: the state was not cut to fit.
+        assert row["input_tokens"] == expected[row["workload"]].input_tokens
+        assert row["state_tokens"] == expected[row["workload"]].state_tokens
+        assert len(row["latency_ms"]) == len(row["encode_ms"]) == 2
+        assert all(0 < encode < total for encode, total in zip(row["encode_ms"], row["latency_ms"], strict=True))
+        assert row["p50_over_flide"] == pytest.approx(row["p50_ms"] / FLIDE_MS[row["workload"]])
+
+    report = out.read_text(encoding="utf-8")
+    assert "Flide p50 ms" in report and "SGLang p50 ms" in report
+    for name, row in zip(FLIDE_MS, release["workloads"], strict=True):
+        line = next(line for line in report.splitlines() if f"| {name} |" in line)
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        assert cells[2:4] == ["2", f"{row['input_tokens']:,}"]
+        assert cells[8:10] == [f"{FLIDE_MS[name]:.1f}", f"{SGLANG_MS[name]:.1f}"]
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--release", "{tmp}", "--out", "{tmp}/r.md"], "error: {tmp} is not a release folder"),
+        (
+            ["--release", "{tiny}", "--release", "{tiny}", "--out", "{tmp}/r.md"],
+            "error: --release {tiny} is given twice",
+        ),
+        (["--release", "{tiny}", "--repeats", "0", "--out", "{tmp}/r.md"], "error: Invalid value for '--repeats'"),
+        (
+            ["--release", "{tiny}", "--engine-arg", "max_model_len=9", "--out", "{tmp}/r.md"],
+            "error: --engine-arg max_model_len=...: use --max-model-len",
+        ),
+        (
+            ["--release", "{tiny}", "--max-model-len", "4096", "--out", "{tmp}/r.md"],
+            "error: --max-model-len 4096 is below the quality workload's",
+        ),
+    ],
+    ids=["not a release", "twice", "no repeats", "engine arg with a flag", "too short"],
+)
+def test_bad_arguments_are_refused_before_any_engine_starts(
+    tiny_dir: Path, tmp_path: Path, args: list[str], line: str
+) -> None:
+    def filled(text: str) -> str:
+        return text.format(tmp=tmp_path, tiny=tiny_dir)
+
+    result = CliRunner().invoke(app, ["bench", "latency", *map(filled, args)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert result.stdout == ""
+    error, *hints = result.stderr.splitlines()
+    assert error.startswith(filled(line)) and all(hint.startswith("hint: ") for hint in hints)
+    assert not (tmp_path / "r.md").exists()
