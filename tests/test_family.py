@@ -212,18 +212,15 @@ def test_engine_matches_the_transformers_reference(
 def test_vllm_serve_answers_omni_natively(family_dir, clef_engine, own_engine_process, tmp_path: Path) -> None:
     """`vllm serve` on an Omni folder needs no override: vLLM's own class and its /v1/systemone read strategy
     answer as our engine does."""
-    from clef_quant.bench.processes import free_port, running
+    from clef_quant.bench.processes import free_port, native_vllm_command, native_vllm_env, running
 
     folder = family_dir("omni-tiny")
     body = json.loads(EXAMPLE_REQUEST.read_text())
     (ours,) = clef_engine(folder).score([body])
     port = free_port()
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(folder), "--runner", "pooling", "--served-model-name", "clef", "--port", str(port),
-        "--max-model-len", "4096", "--enforce-eager", "--language-model-only",
-    ]  # fmt: skip
-    with running(command, port, tmp_path / "vllm-serve.log"):
+    flags = ("--served-model-name", "clef", "--max-model-len", "4096", "--enforce-eager", "--language-model-only")
+    # the command `bench modes --serve-native` starts, without our plugin
+    with running(native_vllm_command(folder, port, *flags), port, tmp_path / "vllm-serve.log", native_vllm_env()):
         response = httpx.post(f"http://127.0.0.1:{port}/v1/systemone", json=body, timeout=120)
     assert response.status_code == 200, response.text
     assert _max_gap(response.json(), ours) < 2e-3
