@@ -117,15 +117,18 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 ENGINE_MAX_MODEL_LEN = 4096
 
 
-# Each in-process engine holds about 1 GiB (its KV cache) until closed; the suite asks for some twenty different
-# ones, which all kept alive outgrew the machine's memory. No test uses more than two at once.
-ENGINES_KEPT = 3
+# The tests' in-process engines get a small KV cache of their own (the tiny model's one 4,096-token prompt needs a
+# few MiB; 64 MiB holds about 80,000 tokens) instead of the process's whole GiB (VLLM_CPU_KVCACHE_SPACE, kept for
+# the engines that eval and the CLI start here), so that each engine the suite asks for again stays open: about
+# twenty different ones, most asked for by several modules, and no test uses more than two at once.
+ENGINE_KV_CACHE_BYTES = 64 * 2**20
+ENGINES_KEPT = 12
 
 
 @pytest.fixture(scope="session")
 def clef_engine():
     """Factory for `ClefEngine`s, shared by every test that asks for the same one; the least recently asked-for
-    engine is closed once more than ENGINES_KEPT are open (in-process start takes seconds)."""
+    engine is closed once more than ENGINES_KEPT are open."""
     count_engine_starts()
     from clef_vllm.engine import ClefEngine
 
@@ -138,7 +141,18 @@ def clef_engine():
             return engines[key]
         while len(engines) >= ENGINES_KEPT:
             engines.popitem(last=False)[1].close()
-        engines[key] = ClefEngine(model, max_model_len=ENGINE_MAX_MODEL_LEN, enforce_eager=True, **engine_kwargs)
+        space = os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # vLLM's CPU platform would put it over ours
+        try:
+            engines[key] = ClefEngine(
+                model,
+                max_model_len=ENGINE_MAX_MODEL_LEN,
+                enforce_eager=True,
+                kv_cache_memory_bytes=ENGINE_KV_CACHE_BYTES,
+                **engine_kwargs,
+            )
+        finally:
+            if space is not None:
+                os.environ["VLLM_CPU_KVCACHE_SPACE"] = space
         return engines[key]
 
     return get

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -129,8 +130,26 @@ def test_eval_refuses_an_unknown_engine_arg_before_any_work(tmp_path):
 
 
 def test_an_engine_arg_reaches_the_running_engine(clef_engine, tiny_dir):
+    from conftest import ENGINE_KV_CACHE_BYTES
+
     engine = clef_engine(tiny_dir, seed=1234)
-    assert engine.llm.llm_engine.vllm_config.model_config.seed == 1234
+    config = engine.llm.llm_engine.vllm_config
+    assert config.model_config.seed == 1234
+    # The fixture's own KV cache size (an engine argument) is kept, not replaced by the CPU default of 2 GiB.
+    assert config.cache_config.kv_cache_memory_bytes == ENGINE_KV_CACHE_BYTES
+
+
+def test_the_cpu_kv_cache_default_is_set_only_for_an_engine_without_its_own_size(monkeypatch):
+    import torch
+
+    from clef_vllm.engine import CPU_KV_CACHE_GIB, apply_cpu_defaults
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    apply_cpu_defaults(64 * 2**20)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ
+    apply_cpu_defaults()
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == CPU_KV_CACHE_GIB
 
 
 def _vllm_config(*, chunked: bool, budget: int, length: int) -> SimpleNamespace:

@@ -46,12 +46,13 @@ from clef_vllm.vllm_logs import show_vllm_warnings_once
 CPU_KV_CACHE_GIB = "2"
 
 
-def apply_cpu_defaults() -> None:
+def apply_cpu_defaults(kv_cache_memory_bytes: int | None = None) -> None:
     """Without a GPU, vLLM reserves 92% of host memory for its KV cache and refuses to start when other
-    processes hold more than the rest; prefill-only scoring needs little, so default to a fixed 2 GiB."""
+    processes hold more than the rest; prefill-only scoring needs little, so default to a fixed 2 GiB. An engine
+    given its own `kv_cache_memory_bytes` keeps it (vLLM's CPU platform lets VLLM_CPU_KVCACHE_SPACE override it)."""
     import torch
 
-    if not torch.cuda.is_available():
+    if kv_cache_memory_bytes is None and not torch.cuda.is_available():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
 
 
@@ -145,10 +146,10 @@ def engine_args(
 
 
 def prepare_engine_process(batch_invariant: bool, model: str | Path, args: dict[str, Any]) -> None:
-    """Process-wide settings an engine about to start with `args` reads: on a CPU the KV cache size and the cores
-    of each rank (`clef_vllm.cpu_threads`), and vLLM's batch-invariant kernels when answers must not move with
-    load and they cover the model here."""
-    apply_cpu_defaults()
+    """Process-wide settings an engine about to start with `args` reads: on a CPU the KV cache size (unless `args`
+    give the engine its own) and the cores of each rank (`clef_vllm.cpu_threads`), and vLLM's batch-invariant
+    kernels when answers must not move with load and they cover the model here."""
+    apply_cpu_defaults(args.get("kv_cache_memory_bytes"))
     if not uses_gpu():
         bind_rank_threads(parallel_ranks(args))
     set_invariant_kernels(batch_invariant and invariance_method(uses_gpu(), model) == KERNELS)
