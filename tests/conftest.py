@@ -178,6 +178,31 @@ def vllm_serve(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         yield url
 
 
+# -- the README's examples, beside the suite -------------------------------------------------------------------
+# Their bash session (tests/test_readme_examples.py) runs minutes of its own processes; the suite's torch work runs
+# on one thread. Started with the first test, the session uses the machine's other core while the suite goes on.
+
+README_TEST = "test_readme_examples.py::test_readme_examples_run_as_written"
+README_SESSIONS: list = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def readme_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The README session of test_readme_examples_run_as_written, started with the suite's first test when that
+    test is selected (None otherwise); stopped at the end of the suite if that test did not wait for it."""
+    if not any(item.nodeid.endswith(README_TEST) for item in request.session.items):
+        yield None
+        return
+    from test_readme_examples import start_session
+
+    session = start_session(tmp_path_factory.mktemp("readme"))
+    README_SESSIONS.append(session)
+    try:
+        yield session
+    finally:
+        session.finish()
+
+
 @pytest.fixture(scope="module")
 def head():
     """A random head at the small test config (test_head.CONFIG), the same weights in every module."""
@@ -250,6 +275,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
+    for session in README_SESSIONS:
+        if session.elapsed is not None:
+            terminalreporter.write_sep("-", f"README session: {session.elapsed:.0f} s, beside the suite")
     if not ENGINE_STARTS:
         return
     total = sum(ENGINE_STARTS.values())

@@ -8,6 +8,10 @@ before them are left out (the Hub, a GPU, the whole suite).
 
 Ports 8000 and 8001, which the README's servers use, may be taken on a shared machine: each is replaced in every
 block by a free port of its own. Everything else runs verbatim.
+
+The session is started by conftest.py's `readme_session` with the suite's first test whenever this test is
+selected, so that it runs beside the rest of the suite (its own processes, one core, while the suite's runs on the
+other); this test waits for it to end and checks what it printed.
 """
 
 from __future__ import annotations
@@ -89,32 +93,56 @@ def test_readme_marks_only_hub_gpu_or_suite_blocks_as_not_run() -> None:
     assert len(reasons) <= 6, reasons
 
 
-@pytest.mark.slow
-def test_readme_examples_run_as_written(tmp_path: Path) -> None:
+@dataclass
+class Session:
+    """The README's blocks running in one bash session in `scratch`."""
+
+    blocks: list[Block]
+    process: subprocess.Popen
+    log: Path
+    began: float
+    code: int | None = None
+    elapsed: float | None = None
+
+    def finish(self) -> None:
+        """Wait for the session to end (at most TIMEOUT_S from its start), then stop whatever it left running."""
+        if self.elapsed is not None:
+            return
+        try:
+            self.code = self.process.wait(timeout=max(1.0, TIMEOUT_S - (time.monotonic() - self.began)))
+        except subprocess.TimeoutExpired:
+            self.code = None
+        finally:
+            with_group_gone(self.process)
+            self.elapsed = time.monotonic() - self.began
+
+
+def start_session(scratch: Path) -> Session:
+    """Every block not marked as not run, in one bash session in `scratch`, started now in the background."""
     blocks = [b for b in readme_blocks(README.read_text(encoding="utf-8")) if not b.not_run]
-    shutil.copytree(REPO / "examples", tmp_path / "examples")
-    script = tmp_path / "readme.sh"
+    shutil.copytree(REPO / "examples", scratch / "examples")
+    script = scratch / "readme.sh"
     ports = {port: str(free_port()) for port in README_PORTS}
-    script.write_text(session_script(blocks, tmp_path, ports), encoding="utf-8")
-    log = tmp_path / "readme.log"
-    began = time.monotonic()
+    script.write_text(session_script(blocks, scratch, ports), encoding="utf-8")
+    log = scratch / "readme.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            ["bash", script.name], cwd=tmp_path, env=session_env(), stdout=out, stderr=subprocess.STDOUT,
+            ["bash", script.name], cwd=scratch, env=session_env(), stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-        try:
-            code = process.wait(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            with_group_gone(process)
-    elapsed = time.monotonic() - began
-    output = log.read_text(encoding="utf-8", errors="replace")
+    return Session(blocks, process, log, time.monotonic())
+
+
+@pytest.mark.slow
+def test_readme_examples_run_as_written(readme_session: Session) -> None:
+    session = readme_session
+    session.finish()
+    blocks, code = session.blocks, session.code
+    output = session.log.read_text(encoding="utf-8", errors="replace")
     started = {int(n): float(t) for n, t in re.findall(r"^::start (\d+) ([\d.]+)$", output, re.MULTILINE)}
     ended = {int(n): float(t) for n, t in re.findall(r"^::end (\d+) ([\d.]+)$", output, re.MULTILINE)}
     timings = ", ".join(f"line {blocks[n].line}: {ended[n] - started[n]:.0f} s" for n in sorted(ended))
-    print(f"README examples: {len(blocks)} blocks in {elapsed:.0f} s ({timings})")
+    print(f"README examples: {len(blocks)} blocks in {session.elapsed:.0f} s ({timings})")
     failed = next((n for n in sorted(started) if n not in ended), None)
     if failed is not None or code != 0:
         where = f"README.md line {blocks[failed].line} ({blocks[failed].lang})" if failed is not None else "?"
