@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 from collections import Counter, OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -125,10 +127,22 @@ ENGINE_KV_CACHE_BYTES = 64 * 2**20
 ENGINES_KEPT = 12
 
 
+@contextmanager
+def small_kv_cache() -> Iterator[dict[str, int]]:
+    """The engine argument for an ENGINE_KV_CACHE_BYTES cache, for the engines started inside: the process's
+    VLLM_CPU_KVCACHE_SPACE, which vLLM's CPU platform would put over it, is out of the way until the end."""
+    space = os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    try:
+        yield {"kv_cache_memory_bytes": ENGINE_KV_CACHE_BYTES}
+    finally:
+        if space is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = space
+
+
 @pytest.fixture(scope="session")
 def clef_engine():
     """Factory for `ClefEngine`s, shared by every test that asks for the same one; the least recently asked-for
-    engine is closed once more than ENGINES_KEPT are open."""
+    engine is closed once more than ENGINES_KEPT are open, and every one at the end of the session."""
     count_engine_starts()
     from clef_vllm.engine import ClefEngine
 
@@ -141,21 +155,17 @@ def clef_engine():
             return engines[key]
         while len(engines) >= ENGINES_KEPT:
             engines.popitem(last=False)[1].close()
-        space = os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # vLLM's CPU platform would put it over ours
-        try:
+        with small_kv_cache() as kv_cache:
             engines[key] = ClefEngine(
-                model,
-                max_model_len=ENGINE_MAX_MODEL_LEN,
-                enforce_eager=True,
-                kv_cache_memory_bytes=ENGINE_KV_CACHE_BYTES,
-                **engine_kwargs,
+                model, max_model_len=ENGINE_MAX_MODEL_LEN, enforce_eager=True, **kv_cache, **engine_kwargs
             )
-        finally:
-            if space is not None:
-                os.environ["VLLM_CPU_KVCACHE_SPACE"] = space
         return engines[key]
 
-    return get
+    yield get
+    # Closed here, not in the interpreter's teardown: an engine core in its own process (Omni's) is stopped while
+    # logging still works, and the last in-process engine frees vLLM's process-wide state.
+    while engines:
+        engines.popitem()[1].close()
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import small_kv_cache
 
 from clef_quant.bench.workload import WORDS, sentence
 from clef_quant.evaluation.config import EvalConfig
@@ -53,7 +54,8 @@ def requests() -> list[dict[str, Any]]:
 def open_engine(folder: Path):
     from clef_vllm.engine import ClefEngine
 
-    return ClefEngine(folder, max_model_len=MAX_LEN, enforce_eager=True)
+    with small_kv_cache() as kv_cache:
+        return ClefEngine(folder, max_model_len=MAX_LEN, enforce_eager=True, **kv_cache)
 
 
 @pytest.mark.parametrize("scheme", ["fp8-dynamic", "nvfp4"])
@@ -147,7 +149,8 @@ def test_two_eval_runs_store_the_same_probabilities(tiny_dir: Path, quantized_di
             out=tmp_path / name,
             max_model_len=EVAL_MAX_LEN,
         )
-        run = run_eval(config, engines=engines(max_model_len=EVAL_MAX_LEN, enforce_eager=True))
+        with small_kv_cache() as kv_cache:
+            run = run_eval(config, engines=engines(max_model_len=EVAL_MAX_LEN, enforce_eager=True, **kv_cache))
         assert run.reused == 0
         runs.append(stored_probabilities(config.out))
     first, second = runs
