@@ -231,15 +231,16 @@ def metric_sections(markdown: str) -> dict[str, tuple[list[str], list[list[str]]
 class SharedEngines:
     """The runner's EngineProvider over the session's shared engines; records which folders it opened."""
 
-    def __init__(self, factory: Any, max_model_len: int) -> None:
+    def __init__(self, factory: Any, max_model_len: int, engine_kwargs: dict[str, Any] = ENGINE_KWARGS) -> None:
         self.factory = factory
-        self.settings = {"max_model_len": max_model_len, "enforce_eager": "True", **ENGINE_KWARGS}
+        self.engine_kwargs = engine_kwargs
+        self.settings = {"max_model_len": max_model_len, "enforce_eager": "True", **engine_kwargs}
         self.opened: list[Path] = []
 
     @contextmanager
     def open(self, folder: Path) -> Iterator[Any]:
         self.opened.append(folder)
-        yield self.factory(folder, **ENGINE_KWARGS)
+        yield self.factory(folder, **self.engine_kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -226,27 +226,39 @@ def test_vllm_serve_answers_omni_natively(family_dir, clef_engine, own_engine_pr
     assert _max_gap(response.json(), ours) < 2e-3
 
 
-def test_eval_runs_on_omni(family_dir, family_quantized, own_engine_process, tmp_path: Path) -> None:
-    """eval's three sides on Omni: transformers, the bf16 folder through vLLM, and a release whose experts are
-    quantized too, in the one expert scheme of vLLM's CPU build that keeps activations quantized (fp8-block)."""
+def test_eval_runs_on_omni(family_dir, family_quantized, clef_engine, own_engine_process, tmp_path: Path) -> None:
+    """eval's three sides on Omni: transformers, the bf16 folder through vLLM (the session's engine for it, which
+    the serving tests above started), and a release whose experts are quantized too, in the one expert scheme of
+    vLLM's CPU build that keeps activations quantized (fp8-block)."""
+    from test_eval import SharedEngines
+
+    from clef_quant.evaluation.config import EvalConfig
+    from clef_quant.evaluation.report import write_results
+    from clef_quant.evaluation.runner import run_eval
+
     fixtures = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
     folder = family_dir("omni-tiny")
     candidate = family_quantized("omni-tiny", "fp8-block")
     assert {m.scheme for m in inspect_checkpoint(candidate).modules if ".mlp.experts." in m.name} == {"FP8_BLOCK"}
-    runner = CliRunner()
     data = tmp_path / "data"
-    built = runner.invoke(
+    built = CliRunner().invoke(
         app,
         ["build-data", "--out", str(data), "--source", str(fixtures), "--per-task", "1", "--calibration", "1",
          "--tokenizer", str(folder)],
     )  # fmt: skip
     assert built.exit_code == 0, built.output
-    result = runner.invoke(
-        app,
-        ["eval", "--reference", str(folder), "--candidate", str(candidate), "--data", str(data),
-         "--out", str(tmp_path / "results"), "--max-model-len", "4096", "--enforce-eager"],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
+    config = EvalConfig(
+        reference=str(folder),
+        candidates=[str(candidate)],
+        data=data,
+        out=tmp_path / "results",
+        max_model_len=clef_engine(folder).max_length,  # the reference encodes as the engines do
+    )
+    engines = SharedEngines(clef_engine, config.max_model_len, engine_kwargs={})
+    run = run_eval(config, engines=engines)
+    write_results(run.results, config.out)
+    assert [side.role for side in run.sides] == ["reference", "noise-floor", "candidate"]
+    assert len(engines.opened) == 2  # the bf16 folder (noise floor) and the candidate
     results = json.loads((tmp_path / "results" / "results.json").read_text())
     assert len(results["sides"]) == 3, results["sides"]
 
