@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections import Counter, OrderedDict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -122,9 +124,10 @@ ENGINE_MAX_MODEL_LEN = 4096
 # The tests' in-process engines get a small KV cache of their own (the tiny model's one 4,096-token prompt needs a
 # few MiB; 64 MiB holds about 80,000 tokens) instead of the process's whole GiB (VLLM_CPU_KVCACHE_SPACE, kept for
 # the engines that eval and the CLI start here), so that each engine the suite asks for again stays open: about
-# twenty different ones, most asked for by several modules, and no test uses more than two at once.
+# twenty different ones, most asked for by several modules, each ~0.1 GB in process (~1 GB for Omni's, whose core
+# runs in its own process), and no test uses more than two at once.
 ENGINE_KV_CACHE_BYTES = 64 * 2**20
-ENGINES_KEPT = 12
+ENGINES_KEPT = 16
 
 
 @contextmanager
@@ -143,9 +146,9 @@ def small_kv_cache() -> Iterator[dict[str, int]]:
 def clef_engine():
     """Factory for `ClefEngine`s, shared by every test that asks for the same one; the least recently asked-for
     engine is closed once more than ENGINES_KEPT are open, and every one at the end of the session."""
-    count_engine_starts()
     from clef_vllm.engine import ClefEngine
 
+    count_engine_starts()  # the module is imported now: its first engine is counted too
     engines: OrderedDict[tuple[str, str], ClefEngine] = OrderedDict()
 
     def get(model: Path, **engine_kwargs) -> ClefEngine:
@@ -168,24 +171,82 @@ def clef_engine():
         engines.popitem()[1].close()
 
 
+# -- the servers the session shares, started beside the suite --------------------------------------------------
+# A server takes ~20 s to start, almost all of it in its own processes: started with the first test (from a
+# thread), it is up by the time a test asks for it, while the suite went on.
+
+
+class Starting:
+    """A server's context manager, entered in a thread of its own; `result()` waits for what it yields."""
+
+    def __init__(self, manager: AbstractContextManager[Any]) -> None:
+        self.manager = manager
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._enter, daemon=True)
+        self.thread.start()
+
+    def _enter(self) -> None:
+        try:
+            self.value = self.manager.__enter__()
+        except BaseException as exc:  # raised again to the test that asks for the server
+            self.error = exc
+
+    def result(self) -> Any:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def stop(self) -> None:
+        self.thread.join()
+        if self.error is None:
+            self.manager.__exit__(None, None, None)
+
+
+def selected_tests_use(session: pytest.Session, fixture: str) -> bool:
+    return any(fixture in getattr(item, "fixturenames", ()) for item in session.items)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """`shared_systemone` and `vllm_serve`, each started with the suite's first test when a selected test uses it."""
+    from servers import ENGINE_FLAGS, SHARED_API_KEY, observed_systemone, vllm_serve
+
+    from clef_quant.bench.processes import server_env
+
+    wanted = [name for name in ("shared_systemone", "vllm_serve") if selected_tests_use(request.session, name)]
+    starting: dict[str, Starting] = {}
+    if not wanted:
+        yield starting
+        return
+    tiny = request.getfixturevalue("tiny_dir")
+    logs = tmp_path_factory.mktemp("logs")
+    env = server_env()  # made here: tests change this process's environment while the servers start
+    if "shared_systemone" in wanted:
+        flags = ("--api-key", SHARED_API_KEY, *ENGINE_FLAGS)
+        log = logs / "shared-systemone.log"
+        starting["shared_systemone"] = Starting(observed_systemone(tiny, log, *flags, env=env))
+    if "vllm_serve" in wanted:
+        starting["vllm_serve"] = Starting(vllm_serve(tiny, logs / "shared-vllm-serve.log", env=env))
+    try:
+        yield starting
+    finally:
+        for server in starting.values():
+            server.stop()
+
+
 @pytest.fixture(scope="session")
-def shared_systemone(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def shared_systemone(session_servers: dict[str, Starting]):
     """One `clef-systemone` on the tiny checkpoint (`--api-key servers.SHARED_API_KEY`, the test engine flags),
-    started on first use and shared by the modules that need nothing else of it. Tests must leave it serving."""
-    from servers import ENGINE_FLAGS, SHARED_API_KEY, observed_systemone
-
-    log = tmp_path_factory.mktemp("logs") / "shared-systemone.log"
-    with observed_systemone(tiny_dir, log, "--api-key", SHARED_API_KEY, *ENGINE_FLAGS) as server:
-        yield server
+    shared by the modules that need nothing else of it. Tests must leave it serving."""
+    return session_servers["shared_systemone"].result()
 
 
 @pytest.fixture(scope="session")
-def vllm_serve(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+def vllm_serve(session_servers: dict[str, Starting]) -> str:
     """One `vllm serve` on the tiny checkpoint with our architecture (media on), shared like `shared_systemone`."""
-    from servers import vllm_serve as start_vllm_serve
-
-    with start_vllm_serve(tiny_dir, tmp_path_factory.mktemp("logs") / "shared-vllm-serve.log") as url:
-        yield url
+    return session_servers["vllm_serve"].result()
 
 
 # -- the README's examples, beside the suite -------------------------------------------------------------------

@@ -20,8 +20,9 @@ ENGINE_FLAGS = ["--max-model-len", "4096", "--enforce-eager", "--max-num-batched
 
 
 @contextmanager
-def vllm_serve(model: Path, log: Path, *flags: str) -> Iterator[str]:
-    """`vllm serve` (the OpenAI server) with our architecture and the `clef` model name; yields its base URL."""
+def vllm_serve(model: Path, log: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`vllm serve` (the OpenAI server) with our architecture and the `clef` model name; yields its base URL.
+    `env`: the server's environment (default: `server_env()` when it starts)."""
     port = free_port()
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -33,7 +34,7 @@ def vllm_serve(model: Path, log: Path, *flags: str) -> Iterator[str]:
         "--port", str(port),
         *ENGINE_FLAGS,
     ]  # fmt: skip
-    with running(command, port, log):
+    with running(command, port, log, env):
         yield f"http://127.0.0.1:{port}"
 
 
@@ -69,8 +70,11 @@ class StartedServer:
 
 
 @contextmanager
-def observed_systemone(model: Path, log: Path, *flags: str) -> Iterator[StartedServer]:
-    """`clef-systemone` with `flags`, and what a client saw while it started: /health codes and PROBE's answers."""
+def observed_systemone(
+    model: Path, log: Path, *flags: str, env: dict[str, str] | None = None
+) -> Iterator[StartedServer]:
+    """`clef-systemone` with `flags`, and what a client saw while it started: /health codes and PROBE's answers.
+    `env`: the server's environment (default: `server_env()` when it starts)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     answers: list[httpx.Response] = []
@@ -87,7 +91,7 @@ def observed_systemone(model: Path, log: Path, *flags: str) -> Iterator[StartedS
     poller = threading.Thread(target=post_while_loading, daemon=True)
     poller.start()
     try:
-        with running(systemone_command(model, port, *flags), port, log) as statuses:
+        with running(systemone_command(model, port, *flags), port, log, env) as statuses:
             stop.set()
             poller.join()
             yield StartedServer(url, log, statuses, answers)
