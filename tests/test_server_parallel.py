@@ -109,9 +109,13 @@ def post_all(url: str, bodies: list[dict], headers: dict[str, str] | None = None
 
 
 @pytest.mark.slow
-def test_data_parallel_engines_answer_as_one_engine(tiny_dir: Path, shared_systemone, tmp_path: Path) -> None:
+def test_data_parallel_engines_answer_as_one_engine(
+    tiny_dir: Path, shared_systemone, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each engine is a whole copy running the same kernels with as many threads (one core each here; vLLM's own
     binding gives a lone engine one core of two too), so an answer does not depend on the engine it lands on."""
+    # vLLM logs the binding at INFO; a `clef-quant eval` run in this process earlier left its quiet level here.
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     bodies = short_requests(6, seed=5)
     with systemone(tiny_dir, tmp_path / "dp2.log", "--dp", "2", *ENGINE_FLAGS) as (url, _):
         answers = post_all(url, bodies)
