@@ -17,9 +17,10 @@ $(SETUP_STAMP): $(SETUP_INPUTS)
 	VENV=$(VENV) PYTHON=$(PYTHON) bash scripts/setup_env.sh
 	@touch $@
 
-# Ends with the suite's own summary (the 30 slowest steps, engine starts) and the whole target's wall time.
+# Two workers (tests/conftest.py hands out one test module at a time, the longest first). Ends with the suite's
+# own summary (the 30 slowest steps, engine starts) and the whole target's wall time.
 test: setup
-	@start=$$(date +%s); $(BIN)/ruff check . && $(BIN)/python -m pytest -q tests --durations=30; \
+	@start=$$(date +%s); $(BIN)/ruff check . && $(BIN)/python -m pytest -q tests -n 2 --no-loadscope-reorder --durations=30; \
 	status=$$?; echo "make test: $$(( $$(date +%s) - start )) s (exit $$status)"; exit $$status
 
 # The whole release flow on the tiny checkpoint, offline, into artifacts/demo/ (scripts/demo.sh says what runs).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from filelock import FileLock
 
 # One torch thread per process, for this process and every process it starts (CLI runs, servers, the README
 # session). The tiny model's ops are far too small to split, and a second OpenMP thread spin-waits at every op's
@@ -22,12 +24,75 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# -- running on two workers (`make test` runs `pytest -n 2`, pytest-xdist) -------------------------------------
+# The suite is bound by CPU work in processes it starts (servers, CLI runs, engines), and one worker leaves a core
+# idle between them. Each test module is one unit of work, handed out in the order of WORK_ORDER (the longest
+# first, so both workers end together); the modules that share the session's servers are one unit.
+
+SHARED_SERVER_MODULES = (
+    "test_clients.py", "test_server.py", "test_server_front_door.py", "test_server_media.py",
+    "test_server_parallel.py", "test_server_protocol.py",
+)  # fmt: skip
+WORK_ORDER = (
+    "test_readme_examples.py", "shared-servers", "test_family.py", "test_quality.py", "test_bench_entries.py",
+    "test_invariance.py", "test_release.py", "test_quantize_integrity.py", "test_server_hostile.py",
+    "test_server_load.py", "test_wheel.py", "test_server_metrics.py", "test_quantize_streaming.py",
+)  # fmt: skip
+
+
+def in_worker() -> bool:
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+def work_unit(nodeid: str) -> str:
+    module = Path(nodeid.split("::", 1)[0]).name
+    return "shared-servers" if module in SHARED_SERVER_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduling with our units of work as the scopes."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a worker: the units in WORK_ORDER first (ties keep their order), the order the scheduler hands them out
+    in (with `--no-loadscope-reorder`)."""
+    if in_worker():
+        rank = {unit: n for n, unit in enumerate(WORK_ORDER)}
+        items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(WORK_ORDER)))
+
+
+def build_root(factory: pytest.TempPathFactory, name: str) -> Path:
+    """The folder a session fixture builds into; on workers, one folder shared by the run's workers."""
+    if not in_worker():
+        return factory.mktemp(name)
+    root = factory.getbasetemp().parent / name
+    root.mkdir(exist_ok=True)
+    return root
+
+
+def built_once(root: Path, key: str, build: Any) -> Path:
+    """`root / key`, made by `build(root / key)` unless a worker already made it: the first to ask builds under a
+    lock and the others wait and read it (make-tiny and quantize write a folder whole or not at all)."""
+    with FileLock(str(root / f"{key}.lock")):
+        out = root / key
+        return out if out.exists() else build(out)
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random-weight tiny Clef release (seed 0), built once per test session (~3 s). Treat it as read-only."""
+    """A random-weight tiny Clef release (seed 0), built once per test run (~3 s). Treat it as read-only."""
     from clef_quant.tiny import make_tiny
 
-    return make_tiny(tmp_path_factory.mktemp("release") / "tiny", size="tiny", seed=0)
+    return built_once(build_root(tmp_path_factory, "release"), "tiny", lambda out: make_tiny(out, size="tiny", seed=0))
 
 
 @pytest.fixture(scope="session")
@@ -57,16 +122,15 @@ def quantized_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     nvfp4-hybrid, nvfp4a16), built on first use and then shared by the whole session. Treat it as read-only."""
     from clef_quant.quantize.run import QuantizeConfig, quantize
 
-    root = tmp_path_factory.mktemp("quantized")
-    built: dict[str, Path] = {}
+    root = build_root(tmp_path_factory, "quantized")
 
+    def build(scheme: str, out: Path) -> Path:
+        config = QuantizeConfig(source=str(tiny_dir), out=out, scheme=scheme, calibration_records=QUANTIZE_TEST_RECORDS)
+        return quantize(config).out
+
+    @functools.cache
     def get(scheme: str) -> Path:
-        if scheme not in built:
-            config = QuantizeConfig(
-                source=str(tiny_dir), out=root / scheme, scheme=scheme, calibration_records=QUANTIZE_TEST_RECORDS
-            )
-            built[scheme] = quantize(config).out
-        return built[scheme]
+        return built_once(root, scheme, functools.partial(build, scheme))
 
     return get
 
@@ -80,13 +144,11 @@ def family_dir(tmp_path_factory: pytest.TempPathFactory):
     shared by the session. Treat it as read-only."""
     from clef_quant.tiny import make_tiny
 
-    root = tmp_path_factory.mktemp("family")
-    built: dict[str, Path] = {}
+    root = build_root(tmp_path_factory, "family")
 
+    @functools.cache
     def get(size: str) -> Path:
-        if size not in built:
-            built[size] = make_tiny(root / size, size=size, seed=0)
-        return built[size]
+        return built_once(root, size, lambda out: make_tiny(out, size=size, seed=0))
 
     return get
 
@@ -96,19 +158,17 @@ def family_quantized(family_dir, tmp_path_factory: pytest.TempPathFactory):
     """`family_quantized(size, scheme) -> Path`: `family_dir(size)` quantized with `scheme`, built on first use."""
     from clef_quant.quantize.run import QuantizeConfig, quantize
 
-    root = tmp_path_factory.mktemp("family-quantized")
-    built: dict[tuple[str, str], Path] = {}
+    root = build_root(tmp_path_factory, "family-quantized")
 
+    def build(size: str, scheme: str, out: Path) -> Path:
+        config = QuantizeConfig(
+            source=str(family_dir(size)), out=out, scheme=scheme, calibration_records=QUANTIZE_TEST_RECORDS
+        )
+        return quantize(config).out
+
+    @functools.cache
     def get(size: str, scheme: str) -> Path:
-        if (size, scheme) not in built:
-            config = QuantizeConfig(
-                source=str(family_dir(size)),
-                out=root / f"{size}-{scheme}",
-                scheme=scheme,
-                calibration_records=QUANTIZE_TEST_RECORDS,
-            )
-            built[size, scheme] = quantize(config).out
-        return built[size, scheme]
+        return built_once(root, f"{size}-{scheme}", functools.partial(build, size, scheme))
 
     return get
 
@@ -210,68 +270,91 @@ def selected_tests_use(session: pytest.Session, fixture: str) -> bool:
 
 @pytest.fixture(scope="session", autouse=True)
 def session_servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """`shared_systemone` and `vllm_serve`, each started with the suite's first test when a selected test uses it."""
+    """`start(name, tiny) -> Starting` for `shared_systemone` and `vllm_serve`. A serial run starts each one that a
+    selected test uses with its first test; a worker starts one when a test first asks for it (the modules that
+    use them are one unit of work, so one worker does)."""
     from servers import ENGINE_FLAGS, SHARED_API_KEY, observed_systemone, vllm_serve
 
     from clef_quant.bench.processes import server_env
 
-    wanted = [name for name in ("shared_systemone", "vllm_serve") if selected_tests_use(request.session, name)]
-    starting: dict[str, Starting] = {}
-    if not wanted:
-        yield starting
-        return
-    tiny = request.getfixturevalue("tiny_dir")
-    logs = tmp_path_factory.mktemp("logs")
     env = server_env()  # made here: tests change this process's environment while the servers start
-    if "shared_systemone" in wanted:
-        flags = ("--api-key", SHARED_API_KEY, *ENGINE_FLAGS)
-        log = logs / "shared-systemone.log"
-        starting["shared_systemone"] = Starting(observed_systemone(tiny, log, *flags, env=env))
-    if "vllm_serve" in wanted:
-        starting["vllm_serve"] = Starting(vllm_serve(tiny, logs / "shared-vllm-serve.log", env=env))
+    starting: dict[str, Starting] = {}
+
+    def start(name: str, tiny: Path) -> Starting:
+        if name not in starting:
+            log = tmp_path_factory.mktemp("logs") / f"shared-{name}.log"
+            if name == "shared_systemone":
+                server = observed_systemone(tiny, log, "--api-key", SHARED_API_KEY, *ENGINE_FLAGS, env=env)
+            else:
+                server = vllm_serve(tiny, log, env=env)
+            starting[name] = Starting(server)
+        return starting[name]
+
+    if not in_worker():
+        for name in ("shared_systemone", "vllm_serve"):
+            if selected_tests_use(request.session, name):
+                start(name, request.getfixturevalue("tiny_dir"))
     try:
-        yield starting
+        yield start
     finally:
         for server in starting.values():
             server.stop()
 
 
 @pytest.fixture(scope="session")
-def shared_systemone(session_servers: dict[str, Starting]):
+def shared_systemone(session_servers, tiny_dir: Path):
     """One `clef-systemone` on the tiny checkpoint (`--api-key servers.SHARED_API_KEY`, the test engine flags),
     shared by the modules that need nothing else of it. Tests must leave it serving."""
-    return session_servers["shared_systemone"].result()
+    return session_servers("shared_systemone", tiny_dir).result()
 
 
 @pytest.fixture(scope="session")
-def vllm_serve(session_servers: dict[str, Starting]) -> str:
+def vllm_serve(session_servers, tiny_dir: Path) -> str:
     """One `vllm serve` on the tiny checkpoint with our architecture (media on), shared like `shared_systemone`."""
-    return session_servers["vllm_serve"].result()
+    return session_servers("vllm_serve", tiny_dir).result()
 
 
 # -- the README's examples, beside the suite -------------------------------------------------------------------
 # Their bash session (tests/test_readme_examples.py) runs minutes of its own processes; the suite's torch work runs
-# on one thread. Started with the first test, the session uses the machine's other core while the suite goes on.
+# on one thread. A serial run starts the session with its first test, so that it uses the machine's other core
+# while the suite goes on; on workers, the README module is the first unit handed out and the session runs when
+# its test does, on one worker, while the other worker runs the rest.
 
 README_TEST = "test_readme_examples.py::test_readme_examples_run_as_written"
-README_SESSIONS: list = []
+README_ELAPSED: list[float] = []
 
 
 @pytest.fixture(scope="session", autouse=True)
-def readme_session(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """The README session of test_readme_examples_run_as_written, started with the suite's first test when that
-    test is selected (None otherwise); stopped at the end of the suite if that test did not wait for it."""
-    if not any(item.nodeid.endswith(README_TEST) for item in request.session.items):
+def readme_beside(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """In a serial run that selects the README test: its session, started with the suite's first test (else None)."""
+    if in_worker() or not any(README_TEST in item.nodeid for item in request.session.items):
         yield None
         return
     from test_readme_examples import start_session
 
     session = start_session(tmp_path_factory.mktemp("readme"))
-    README_SESSIONS.append(session)
     try:
         yield session
     finally:
         session.finish()
+        README_ELAPSED.append(session.elapsed)
+
+
+@pytest.fixture(scope="session")
+def readme_session(readme_beside: Any, tmp_path_factory: pytest.TempPathFactory):
+    """The README session of test_readme_examples_run_as_written: the one started beside the suite, or one started
+    now. Stopped at the end of the suite if that test did not wait for it."""
+    if readme_beside is not None:
+        yield readme_beside
+        return
+    from test_readme_examples import start_session
+
+    session = start_session(tmp_path_factory.mktemp("readme"))
+    try:
+        yield session
+    finally:
+        session.finish()
+        README_ELAPSED.append(session.elapsed)
 
 
 @pytest.fixture(scope="module")
@@ -345,10 +428,24 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     count_engine_starts()
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On a worker: hand the counts and the README time to the controller, which prints the summary."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["engine_starts"] = dict(ENGINE_STARTS)
+        output["readme_elapsed"] = list(README_ELAPSED)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    output = getattr(node, "workeroutput", None) or {}
+    ENGINE_STARTS.update(output.get("engine_starts", {}))
+    README_ELAPSED.extend(output.get("readme_elapsed", []))
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
-    for session in README_SESSIONS:
-        if session.elapsed is not None:
-            terminalreporter.write_sep("-", f"README session: {session.elapsed:.0f} s, beside the suite")
+    for elapsed in README_ELAPSED:
+        terminalreporter.write_sep("-", f"README session: {elapsed:.0f} s")
     if not ENGINE_STARTS:
         return
     total = sum(ENGINE_STARTS.values())

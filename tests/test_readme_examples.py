@@ -9,9 +9,9 @@ before them are left out (the Hub, a GPU, the whole suite).
 Ports 8000 and 8001, which the README's servers use, may be taken on a shared machine: each is replaced in every
 block by a free port of its own. Everything else runs verbatim.
 
-The session is started by conftest.py's `readme_session` with the suite's first test whenever this test is
-selected, so that it runs beside the rest of the suite (its own processes, one core, while the suite's runs on the
-other); this test waits for it to end and checks what it printed.
+The session runs beside the rest of the suite (conftest.py's `readme_session`): a serial run starts it with its
+first test, and on two workers it is the first unit of work one worker takes while the other runs the rest. This
+test waits for it to end and checks what it printed.
 """
 
 from __future__ import annotations
