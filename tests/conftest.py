@@ -324,37 +324,38 @@ README_TEST = "test_readme_examples.py::test_readme_examples_run_as_written"
 README_ELAPSED: list[float] = []
 
 
+@contextmanager
+def readme_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The README session, started now; stopped (if its test did not wait for it) and timed on the way out."""
+    from test_readme_examples import start_session
+
+    session = start_session(tmp_path_factory.mktemp("readme"))
+    try:
+        yield session
+    finally:
+        session.finish()
+        README_ELAPSED.append(session.elapsed)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def readme_beside(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """In a serial run that selects the README test: its session, started with the suite's first test (else None)."""
     if in_worker() or not any(README_TEST in item.nodeid for item in request.session.items):
         yield None
         return
-    from test_readme_examples import start_session
-
-    session = start_session(tmp_path_factory.mktemp("readme"))
-    try:
+    with readme_run(tmp_path_factory) as session:
         yield session
-    finally:
-        session.finish()
-        README_ELAPSED.append(session.elapsed)
 
 
 @pytest.fixture(scope="session")
 def readme_session(readme_beside: Any, tmp_path_factory: pytest.TempPathFactory):
     """The README session of test_readme_examples_run_as_written: the one started beside the suite, or one started
-    now. Stopped at the end of the suite if that test did not wait for it."""
+    now (on a worker, when that test runs)."""
     if readme_beside is not None:
         yield readme_beside
         return
-    from test_readme_examples import start_session
-
-    session = start_session(tmp_path_factory.mktemp("readme"))
-    try:
+    with readme_run(tmp_path_factory) as session:
         yield session
-    finally:
-        session.finish()
-        README_ELAPSED.append(session.elapsed)
 
 
 @pytest.fixture(scope="module")
