@@ -6,8 +6,9 @@ For every (release, mode) pair one `ClefEngine` starts and measures, in this ord
    full batch (and the batch against itself across repeats) -> how many are bit-identical, and the largest
    probability difference;
 3. latency: `latency_requests` single requests one after another -> p50 and p95 in ms;
-4. optionally a profile of single requests (vLLM's torch profiler in the engine core): GPU kernel time by part of
-   the model, and the share of the wall time the GPU sat idle (scheduling, IPC, launch gaps).
+4. optionally a profile (vLLM's torch profiler in the engine core) of single requests and of one call over the
+   whole workload: GPU kernel time by part of the model per record, and the share of the wall time the GPU sat
+   idle (scheduling, IPC, launch gaps). Profiling two modes of one release shows where one costs more.
 Then `clef-systemone` serves each release given to `server_releases` in the default mode at 1, 8 and 64 clients,
 and vLLM's own Clef class (`vllm serve` without our plugin, vLLM 0.33 and later) each one in `native_releases`.
 Results go to a JSON file after every step, so a run cut short keeps what it measured.
@@ -101,7 +102,8 @@ class ModeRun:
     repeats_identical: bool = True
     repeats_max_dp: float = 0.0
     latency_ms: list[float] = field(default_factory=list)
-    breakdown: Breakdown | None = None
+    breakdown: Breakdown | None = None  # single requests
+    batch_breakdown: Breakdown | None = None  # the whole workload in one call, per record
     error: str | None = None
 
     @property
@@ -142,8 +144,10 @@ def read_result(path: Path) -> ModesResult:
     data = json.loads(path.read_text(encoding="utf-8"))
     runs = []
     for run in data.pop("runs"):
-        breakdown = run.pop("breakdown")
-        runs.append(ModeRun(**run, breakdown=None if breakdown is None else Breakdown(**breakdown)))
+        for name in ("breakdown", "batch_breakdown"):
+            if run.get(name) is not None:
+                run[name] = Breakdown(**run[name])
+        runs.append(ModeRun(**run))
     servers = [ServerRun(**server) for server in data.pop("servers")]
     return ModesResult(**data, runs=runs, servers=servers)
 
@@ -200,38 +204,45 @@ def measure_engine(
         run.latency_ms.append((time.perf_counter() - start) * 1000)
     save()
     if profile_dir is not None:
-        run.breakdown = profile_single_requests(engine, encodings[:4], profile_dir)
+        run.breakdown = profiled_calls(engine, [[encoding] for encoding in encodings[:4]], profile_dir)
+        save()
+        run.batch_breakdown = profiled_calls(engine, [encodings], profile_dir)
         save()
 
 
-def profile_single_requests(engine: Any, encodings: list[Any], trace_dir: Path) -> Breakdown:
-    """Single requests under vLLM's torch profiler (the engine was started with it configured): where the wall
-    time of one request goes."""
+def profiled_calls(engine: Any, calls: list[list[Any]], trace_dir: Path) -> Breakdown:
+    """`calls` one after another under vLLM's torch profiler (the engine was started with it configured): where
+    the wall time of one record goes, per record."""
+    earlier = set(trace_dir.rglob("*")) if trace_dir.is_dir() else set()
+    records = sum(len(call) for call in calls)
     engine.llm.start_profile()
     start = time.perf_counter()
-    for encoding in encodings:
-        engine.logits([encoding])
-    wall_ms = (time.perf_counter() - start) * 1000 / len(encodings)
+    for call in calls:
+        engine.logits(call)
+    wall_ms = (time.perf_counter() - start) * 1000 / records
     engine.llm.stop_profile()
-    breakdown = kernel_breakdown(written_trace(trace_dir), requests=len(encodings))
+    breakdown = kernel_breakdown(written_trace(trace_dir, earlier), requests=records)
     breakdown.wall_ms = wall_ms
     return breakdown
 
 
-def written_trace(trace_dir: Path, timeout_s: float = 180.0) -> Path:
-    """The trace the workers write after `stop_profile`, once its size has stopped changing."""
+def written_trace(
+    trace_dir: Path, earlier: set[Path] | frozenset[Path] = frozenset(), timeout_s: float = 180.0
+) -> Path:
+    """The trace the workers write after `stop_profile`, not one of `earlier`, once its size has stopped
+    changing."""
     deadline = time.monotonic() + timeout_s
     last = -1
     while True:
         try:
-            trace = newest_trace(trace_dir)
+            trace = newest_trace(trace_dir, earlier)
             size = trace.stat().st_size
         except FileNotFoundError:
             trace, size = None, -1
         if trace is not None and size == last and size > 0:
             return trace
         if time.monotonic() > deadline:
-            return newest_trace(trace_dir)
+            return newest_trace(trace_dir, earlier)
         last = size
         time.sleep(2.0)
 
@@ -297,7 +308,7 @@ def run_modes(
     repeats: int = 3,
     probes: int = 16,
     latency_requests: int = 20,
-    profile: tuple[str, str] | None = None,
+    profile: set[tuple[str, str]] | None = None,
     server_releases: list[str] | None = None,
     native_releases: list[str] | None = None,
     engine_kwargs: dict[str, Any] | None = None,
@@ -305,7 +316,7 @@ def run_modes(
     native_flags: list[str] | None = None,
     progress: Progress | None = None,
 ) -> ModesResult:
-    """Every release in each of its modes, then the servers; `profile` names the (release, mode) pair to profile."""
+    """Every release in each of its modes, then the servers; `profile` names the (release, mode) pairs to profile."""
     from clef_vllm.encoder import Encoder
     from clef_vllm.request import parse_request
 
@@ -321,7 +332,7 @@ def run_modes(
             stage(f"{scheme}, {mode.name}")
             extra = dict(engine_kwargs or {})
             trace_dir = save_to.parent / f"traces-{scheme}-{mode.name}"
-            profiled = profile == (scheme, mode.name)
+            profiled = (scheme, mode.name) in (profile or set())
             if profiled:
                 extra.update(profiler_engine_kwargs(trace_dir))
             start = time.perf_counter()

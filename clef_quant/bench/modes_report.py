@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from clef_quant.bench.modes import MODES, ModeRun, ModesResult, median, percentile
+from clef_quant.bench.profile_trace import Breakdown
 from clef_quant.formatting import facts_table, markdown_table, utc_minute
 
 
@@ -112,18 +113,22 @@ def render_markdown(result: ModesResult) -> str:
         ]
         lines += [markdown_table(header, rows), ""]
     for run in result.runs:
-        if run.breakdown is None:
-            continue
-        b = run.breakdown
-        lines += [f"## Where one request's time goes ({run.scheme}, {run.mode})", ""]
-        rows = [[part, f"{ms:.2f}", f"{ms / b.wall_ms:.0%}" if b.wall_ms else ""] for part, ms in b.parts_ms.items()]
-        rows.append(["GPU idle (scheduling, IPC, launch gaps)", f"{b.idle_ms:.2f}", f"{b.idle_ms / b.wall_ms:.0%}"])
-        rows.append(["wall time per request", f"{b.wall_ms:.2f}", "100%"])
-        lines += [markdown_table(["part", "ms per request", "share"], rows), ""]
-        lines.append(f"{b.kernels:.0f} kernels per request; trace `{b.trace}`.")
-        lines.append("")
+        for title, b in (
+            ("Where one request's time goes", run.breakdown),
+            (f"Where a request's time goes in one call over all {result.records}", run.batch_breakdown),
+        ):
+            if b is not None:
+                lines += _breakdown_section(f"{title} ({run.scheme}, {run.mode})", b)
     lines += [f"- {note}" for note in result.notes]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _breakdown_section(title: str, b: Breakdown) -> list[str]:
+    rows = [[part, f"{ms:.2f}", f"{ms / b.wall_ms:.0%}" if b.wall_ms else ""] for part, ms in b.parts_ms.items()]
+    rows.append(["GPU idle (scheduling, IPC, launch gaps)", f"{b.idle_ms:.2f}", f"{b.idle_ms / b.wall_ms:.0%}"])
+    rows.append(["wall time per request", f"{b.wall_ms:.2f}", "100%"])
+    table = markdown_table(["part", "ms per request", "share"], rows)
+    return [f"## {title}", "", table, "", f"{b.kernels:.0f} kernels per request; trace `{b.trace}`.", ""]
 
 
 def write_report(result: ModesResult, out: Path) -> list[Path]:

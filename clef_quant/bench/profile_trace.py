@@ -46,9 +46,9 @@ class Breakdown:
         return max(0.0, self.wall_ms - self.busy_ms)
 
 
-def newest_trace(folder: Path) -> Path:
-    """The last trace written under `folder` by the engine's workers."""
-    traces = [p for p in folder.rglob("*") if p.is_file() and re.search(r"\.json(\.gz)?$", p.name)]
+def newest_trace(folder: Path, earlier: set[Path] | frozenset[Path] = frozenset()) -> Path:
+    """The last trace written under `folder` by the engine's workers, leaving out the `earlier` ones."""
+    traces = [p for p in folder.rglob("*") if p.is_file() and re.search(r"\.json(\.gz)?$", p.name) and p not in earlier]
     if not traces:
         raise FileNotFoundError(f"no profiler trace under {folder}")
     return max(traces, key=lambda p: p.stat().st_mtime)

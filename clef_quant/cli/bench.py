@@ -279,11 +279,12 @@ def modes(
     probes: Annotated[int, typer.Option(min=1, help="Requests also scored alone, for the invariance check.")] = 16,
     latency_requests: Annotated[int, typer.Option(min=1, help="Single requests timed one after another.")] = 20,
     profile: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             metavar="RELEASE:MODE",
-            help="Profile single requests of one release (its row name, e.g. FP8_DYNAMIC) in one mode: kernel time "
-            "by part of the model and the GPU's idle time.",
+            help="Profile single requests and one call over the whole workload of a release (its row name, e.g. "
+            "FP8_DYNAMIC) in one mode: kernel time by part of the model and the GPU's idle time; repeatable, to "
+            "set two modes side by side.",
         ),
     ] = None,
     serve: Annotated[
@@ -322,7 +323,8 @@ def modes(
     8 and 64 clients and a profile of where a request's time goes. Meant for GPUs; runs on a CPU too.
 
     Example: clef-quant bench modes --release flash --release flash-FP8_DYNAMIC --mode invariant --mode batched \
-        --serve FP8_DYNAMIC --profile FP8_DYNAMIC:invariant --out bench/results/serve-h200.md
+        --serve FP8_DYNAMIC --profile FP8_DYNAMIC:invariant --profile FP8_DYNAMIC:batched \
+        --out bench/results/serve-h200.md
     """
     import torch
     import transformers
@@ -344,12 +346,12 @@ def modes(
     names = [name for name, _, _ in releases]
     if len(set(names)) != len(names):
         raise fail(f"two releases have the same row name ({', '.join(names)}); give each scheme once")
-    profiled = None
-    if profile is not None:
-        scheme, _, mode_name = profile.rpartition(":")
+    profiled = set()
+    for given in profile or []:
+        scheme, _, mode_name = given.rpartition(":")
         if not any(name == scheme and mode_name in [m.name for m in m_] for name, _, m_ in releases):
-            raise fail(f"--profile {profile}: name one of the releases ({', '.join(names)}) and one of its modes")
-        profiled = (scheme, mode_name)
+            raise fail(f"--profile {given}: name one of the releases ({', '.join(names)}) and one of its modes")
+        profiled.add((scheme, mode_name))
     for flag, given_names in (("--serve", serve), ("--serve-native", serve_native)):
         for name in given_names or []:
             if name not in names:

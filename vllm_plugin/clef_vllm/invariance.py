@@ -20,6 +20,8 @@ reduction order too, and is faster: on an H200 (bench/results/serve-h200.md) bot
 got alone inside a 64-request batch, at 25.5 records/s with cuBLAS against 20.2 with the Triton matmul (25.3
 batched). So bf16 linears keep cuBLAS there; `CLEF_INVARIANT_BF16_GEMM=triton` asks for vLLM's matmul (single
 requests were faster with it: 75 ms p50 against 124). Before Hopper, vLLM's matmul is the only invariant one.
+FP8_DYNAMIC releases do pay for the mode there (bench/results/serve-h200-fp8.md): 20.4 records/s against 35.8
+batched, one request 60 ms p50 against 49; where that time goes is still to be profiled (`bench modes --profile`).
 
 Where vLLM has no batch-invariant kernel for a layer, the mode cannot run: on GPUs without FP4 tensor cores
 (before Blackwell), vLLM's batch-invariant mode offers no NVFP4 kernel ("EmulationNvFp4LinearKernel does not
