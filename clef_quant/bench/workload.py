@@ -121,6 +121,21 @@ def serving_requests(count: int = 64, seed: int = 0, state_words: int = SERVING_
     return requests
 
 
+# State lengths of the mixed-length probes, in words: from an almost empty state to one longer than any model
+# allows (the state is cut to fit, so that prompt is exactly max_model_len tokens long).
+MIXED_STATE_WORDS = (1, 5, 20, 60, 150, 600, 100_000)
+
+
+def mixed_length_requests(seed: int = 1) -> list[dict[str, Any]]:
+    """One request per `MIXED_STATE_WORDS` length, with the serving requests' three questions: prompts from a few
+    dozen tokens to the longest the model allows, for checking answers inside batches of mixed lengths."""
+    requests = []
+    for index, words in enumerate(MIXED_STATE_WORDS):
+        request = serving_requests(1, seed=seed + index, state_words=words)[0]
+        requests.append({**request, "id": f"m{index}"})
+    return requests
+
+
 def generated_image(rng: random.Random, width: int, height: int) -> str:
     """A PNG (base64) of random colour blocks: different pixels for each seed, a few KiB."""
     import base64

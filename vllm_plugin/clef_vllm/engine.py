@@ -36,7 +36,16 @@ from clef_vllm.cpu_threads import bind_rank_threads, parallel_ranks
 from clef_vllm.encoder import Encoder
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
 from clef_vllm.errors import RequestError, SettingsError
-from clef_vllm.invariance import GPU_STEP_TOKENS, KERNELS, invariance_method, set_invariant_kernels, uses_gpu
+from clef_vllm.invariance import (
+    GPU_STEP_TOKENS,
+    KERNELS,
+    SPLIT_FREE,
+    batches_whole_prompts,
+    invariance_method,
+    set_invariant_kernels,
+    set_split_free_kernels,
+    uses_gpu,
+)
 from clef_vllm.plugin import architecture_overrides
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.release_source import BACKBONE_CONFIG, local_release
@@ -78,7 +87,7 @@ def schedule_args(
             f"max_num_batched_tokens={max_num_batched_tokens} is below max_model_len={max_model_len}: long "
             "prompts would be split across steps; turn batch invariance off to allow it"
         )
-    if (method or invariance_method(uses_gpu())) == KERNELS:
+    if batches_whole_prompts(method or invariance_method(uses_gpu())):
         args = {
             "enable_chunked_prefill": False,
             "max_num_batched_tokens": max_num_batched_tokens or max(max_model_len, GPU_STEP_TOKENS),
@@ -147,12 +156,15 @@ def engine_args(
 
 def prepare_engine_process(batch_invariant: bool, model: str | Path, args: dict[str, Any]) -> None:
     """Process-wide settings an engine about to start with `args` reads: on a CPU the KV cache size (unless `args`
-    give the engine its own) and the cores of each rank (`clef_vllm.cpu_threads`), and vLLM's batch-invariant
-    kernels when answers must not move with load and they cover the model here."""
+    give the engine its own) and the cores of each rank (`clef_vllm.cpu_threads`), and the GPU's invariant kernels
+    (vLLM's or the split-free ones, `clef_vllm.invariance`) when answers must not move with load and they cover the
+    model here."""
     apply_cpu_defaults(args.get("kv_cache_memory_bytes"))
     if not uses_gpu():
         bind_rank_threads(parallel_ranks(args))
-    set_invariant_kernels(batch_invariant and invariance_method(uses_gpu(), model) == KERNELS)
+    method = invariance_method(uses_gpu(), model) if batch_invariant else None
+    set_invariant_kernels(method == KERNELS)
+    set_split_free_kernels(method == SPLIT_FREE)
 
 
 def config_architectures(model: str | Path) -> list[str]:

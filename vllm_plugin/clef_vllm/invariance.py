@@ -30,6 +30,14 @@ step instead, as on a CPU.
 
 On a CPU there is no such mode: oneDNN's bf16 GEMMs round a row differently with the number of rows in the call.
 There, invariance means one whole prompt per step (`ONE_PROMPT_PER_STEP`), at the cost of batching.
+
+vLLM's mode replaces more than a prefill-only engine needs, and FP8 pays for it. `SPLIT_FREE` keeps vLLM's own
+fast kernels (CUTLASS FP8 with torch.compile's fused RMSNorm and per-token quantization, FlashAttention, the
+Triton Gated DeltaNet kernels) and removes only the reductions whose order follows the step's size: cuBLAS
+split-K (a one-byte cuBLASLt workspace, reduced-precision reductions off) and FlashAttention's KV splits (one
+split, no ahead-of-time schedule). Every other kernel of a whole-prompt prefill reduces within one token's row or
+walks one sequence (`cu_seqlens`). `CLEF_GPU_INVARIANCE=split-free` chooses it, `vllm` (the default) keeps vLLM's
+mode; `clef-quant bench modes` reports each one's bits alone, in a batch and in mixed batches, and its speed.
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from clef_vllm.errors import SettingsError
 
 BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
 BF16_GEMM_ENV = "CLEF_INVARIANT_BF16_GEMM"  # "cublas" (split-K off, the default on Hopper and newer) or "triton"
@@ -48,7 +58,15 @@ FP4_CAPABILITY = 10
 GPU_STEP_TOKENS = 16384
 
 KERNELS = "batch-invariant kernels"
+SPLIT_FREE = "split-free kernels"
 ONE_PROMPT_PER_STEP = "one prompt per step"
+# Which GPU method the default mode uses where both can: "vllm" (KERNELS) or "split-free" (SPLIT_FREE).
+GPU_METHOD_ENV = "CLEF_GPU_INVARIANCE"
+GPU_METHODS = {"vllm": KERNELS, "split-free": SPLIT_FREE}
+# Read by the engine's processes (they inherit it): the split-free method is on for the engine being started.
+SPLIT_FREE_ENV = "CLEF_SPLIT_FREE"
+# cuBLAS and cuBLASLt pick split-K only when they have a workspace to reduce the partial sums in.
+NO_SPLIT_K_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUBLASLT_WORKSPACE_SIZE": "1"}
 
 
 def uses_gpu() -> bool:
@@ -70,7 +88,20 @@ def invariance_method(gpu: bool, model: str | Path | None = None, capability: in
             capability = torch.cuda.get_device_capability()[0]
         if capability < FP4_CAPABILITY:
             return ONE_PROMPT_PER_STEP
-    return KERNELS
+    return chosen_gpu_method()
+
+
+def chosen_gpu_method() -> str:
+    """The GPU method `CLEF_GPU_INVARIANCE` names (default: vLLM's batch-invariant kernels)."""
+    name = os.environ.get(GPU_METHOD_ENV, "vllm")
+    if name not in GPU_METHODS:
+        raise SettingsError(f"{GPU_METHOD_ENV}={name!r}: the choices are {', '.join(GPU_METHODS)}")
+    return GPU_METHODS[name]
+
+
+def batches_whole_prompts(method: str) -> bool:
+    """Whether `method` lets several whole prompts share a step (the GPU methods) or runs one per step."""
+    return method in (KERNELS, SPLIT_FREE)
 
 
 def stores_fp4_weights(model: str | Path) -> bool:
@@ -100,6 +131,76 @@ def set_invariant_kernels(enabled: bool) -> None:
 
     if envs._is_envs_cache_enabled():
         envs.disable_envs_cache()
+
+
+_SAVED_ENV: dict[str, str | None] = {}
+
+
+def set_split_free_kernels(enabled: bool) -> None:
+    """Turn the split-free method on or off for the engines started from now on in this process: the flag their
+    processes read, and cuBLAS's workspace settings (read when a process first uses cuBLAS). Turning it off puts
+    back what the environment held before."""
+    os.environ[SPLIT_FREE_ENV] = "1" if enabled else "0"
+    if enabled:
+        for name, value in NO_SPLIT_K_ENV.items():
+            _SAVED_ENV.setdefault(name, os.environ.get(name))
+            os.environ[name] = value
+        return
+    for name, value in _SAVED_ENV.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _SAVED_ENV.clear()
+
+
+def split_free_kernels_on() -> bool:
+    return os.environ.get(SPLIT_FREE_ENV) == "1"
+
+
+def use_split_free_kernels() -> None:
+    """In the process that builds the Clef model, before its layers exist: no split-K in cuBLAS, one KV split in
+    FlashAttention. Only the attention metadata builder is patched, and only while the flag is on."""
+    import torch
+
+    for name, value in NO_SPLIT_K_ENV.items():
+        os.environ.setdefault(name, value)
+    # A tuple since torch 2.10: (allow reduced precision, allow split-K reductions in it).
+    off: Any = (False, False) if _torch_at_least(2, 10) else False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = off
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = off
+    if torch.cuda.is_available():
+        torch.backends.cuda.preferred_blas_library(backend="cublaslt")
+    _one_kv_split_in_flash_attention()
+
+
+def _torch_at_least(major: int, minor: int) -> bool:
+    import torch
+
+    found = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return found >= (major, minor)
+
+
+def _one_kv_split_in_flash_attention() -> None:
+    try:
+        from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
+    except ImportError:  # a build without FlashAttention (the CPU's): nothing splits there
+        return
+    build = FlashAttentionMetadataBuilder.build
+    if getattr(build, "_clef_one_split", False):
+        return
+
+    def one_split_build(self: Any, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False) -> Any:
+        if not split_free_kernels_on():
+            return build(self, common_prefix_len, common_attn_metadata, fast_build)
+        # FA3 picks its KV split count (and an ahead-of-time schedule) from the whole step's shape.
+        self.aot_schedule = False
+        metadata = build(self, common_prefix_len, common_attn_metadata, fast_build)
+        metadata.max_num_splits = 1
+        return metadata
+
+    one_split_build._clef_one_split = True  # type: ignore[attr-defined]
+    FlashAttentionMetadataBuilder.build = one_split_build  # type: ignore[method-assign]
 
 
 def invariant_kernels_on() -> bool:

@@ -33,7 +33,13 @@ from clef_vllm.errors import CheckpointError, SettingsError
 from clef_vllm.head import JointSchemaHead
 from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS, HeadConfig, find_head_dir, load_head
 from clef_vllm.head_graphs import GraphedHead
-from clef_vllm.invariance import accept_gdn_layers, invariant_kernels_on, keep_cublas_for_bf16_linears
+from clef_vllm.invariance import (
+    accept_gdn_layers,
+    invariant_kernels_on,
+    keep_cublas_for_bf16_linears,
+    split_free_kernels_on,
+    use_split_free_kernels,
+)
 from clef_vllm.pooling_contract import POOLER_RANGE, parse_pooling_schema
 from clef_vllm.release_source import fetch_release
 from clef_vllm.schema import RecordSchema
@@ -46,14 +52,14 @@ class ClefFlashConfig(VerifyAndUpdateConfig):
     """Settings the Clef model needs whoever starts the engine (`vllm serve` included).
 
     Prefix caching would hand the pooler a prompt without the hidden states of its cached prefix. With vLLM's
-    batch-invariant kernels on (`VLLM_BATCH_INVARIANT=1`), a prompt must also run whole in one step
+    batch-invariant or split-free kernels on (`clef_vllm.invariance`), a prompt must also run whole in one step
     (`clef_vllm.invariance`), so chunked prefill is turned off when the step holds the longest prompt and refused
     otherwise. On a GPU without FlashInfer, Gated DeltaNet's prefill runs vLLM's Triton kernels."""
 
     @staticmethod
     def verify_and_update_config(vllm_config: VllmConfig) -> None:
         vllm_config.cache_config.enable_prefix_caching = False
-        if invariant_kernels_on():
+        if invariant_kernels_on() or split_free_kernels_on():
             _whole_prompts_per_step(vllm_config)
         if torch.cuda.is_available() and isinstance(vllm_config.additional_config, dict):
             from clef_vllm.engine import gpu_defaults
@@ -66,7 +72,7 @@ def _whole_prompts_per_step(vllm_config: VllmConfig) -> None:
     longest = vllm_config.model_config.max_model_len
     if scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens < longest:
         raise SettingsError(
-            f"VLLM_BATCH_INVARIANT=1 needs whole prompts in a step: max_num_batched_tokens "
+            f"answers that do not move with load need whole prompts in a step: max_num_batched_tokens "
             f"{scheduler.max_num_batched_tokens} is below max_model_len {longest} "
             "(pass --no-enable-chunked-prefill --max-num-batched-tokens N with N >= max_model_len)"
         )
@@ -161,6 +167,8 @@ class ClefFlashForJointSchema(Qwen3_5ForConditionalGeneration):
         if invariant_kernels_on():
             accept_gdn_layers()  # before the layers pick their attention backends
             keep_cublas_for_bf16_linears()
+        elif split_free_kernels_on():
+            use_split_free_kernels()
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         model_config = vllm_config.model_config
         self.head_dir = find_head_dir(local_release_dir(model_config.model, model_config.revision))
