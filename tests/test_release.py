@@ -250,7 +250,8 @@ def test_card_prose_says_what_the_release_is(
         "--calibration-count 0 --seed 0",
         f"clef-quant quantize {tiny_dir} --scheme fp8-dynamic --out {folder}",
         f"clef-quant eval --reference {tiny_dir} --candidate {quantized_dir('fp8-dynamic')} "
-        f"--data {results_dir.parent / 'data'} --out {results_dir} --max-model-len 4096 --enforce-eager",
+        f"--data {results_dir.parent / 'data'} --out {results_dir} --max-model-len 4096 --enforce-eager "
+        "--engine-arg max_num_batched_tokens=4096",  # the shared engines' own engine argument
         f"clef-quant card {folder} --results {results_dir} --base-model {BASE_MODEL} --license apache-2.0 "
         f"--repo-id {REPO_ID} --no-plots",
         f"clef-quant upload {folder} --repo-id {REPO_ID}",

@@ -29,7 +29,7 @@ from clef_quant.bench.processes import free_port, running, systemone_command
 from clef_quant.bench.workload import varied_requests
 from clef_quant.formatting import facts_table, markdown_table, utc_minute
 from clef_quant.progress import Progress, Stages
-from clef_vllm.engine import apply_cpu_defaults
+from clef_vllm.engine import CPU_KV_CACHE_ENV, apply_cpu_defaults
 
 
 @dataclass
@@ -171,8 +171,15 @@ def run_serve_bench(
     if device == "cpu":
         engine_kwargs["enforce_eager"] = True
         flags.append("--enforce-eager")
-        apply_cpu_defaults()  # the server process inherits it
-        result.notes.append(f"VLLM_CPU_KVCACHE_SPACE={os.environ['VLLM_CPU_KVCACHE_SPACE']} GiB, enforce_eager")
+        own_size = engine_kwargs.get("kv_cache_memory_bytes")
+        apply_cpu_defaults(own_size)  # the server process inherits it
+        # An engine's own size wins over the variable (`clef_vllm.engine.own_kv_cache`): say the one in use.
+        kv_cache = (
+            f"kv_cache_memory_bytes={own_size}"
+            if own_size
+            else f"{CPU_KV_CACHE_ENV}={os.environ[CPU_KV_CACHE_ENV]} GiB"
+        )
+        result.notes.append(f"KV cache {kv_cache}, enforce_eager")
     batched_kwargs = {**engine_kwargs, "batch_invariant": False, "max_num_batched_tokens": max_num_batched_tokens}
     batched_flags = [*flags, "--no-batch-invariant", "--max-num-batched-tokens", str(max_num_batched_tokens)]
     result.notes.append(

@@ -1,11 +1,10 @@
 """results.json of an evaluation run: its one shape (`ResultsFile`), which the runner fills (`results_dict`) and
 every reader validates, and the view readers use (`Results`: the eval report, `load_results` and the model card).
 
-results.json holds config, data, tasks, metrics, sides and `values[side key][task or All][metric]`, and since
-intervals were added `intervals` (how they were drawn: method, confidence, resamples, seed), `bounds[side key][task
-or All][metric]` (low, high) and `differences` (every pair of plugin sides, per task and metric, with its
-interval); its format string changes whenever a reader of an older file would misread it. Fields added since the
-format began have defaults, so results.json of earlier runs still read (without intervals).
+results.json holds config, data, tasks, metrics, sides and `values[side key][task or All][metric]`; since intervals
+`intervals` (how they were drawn), `bounds[side key][task or All][metric]` (low, high) and `differences` (every pair
+of plugin sides, per task and metric, with its interval). Its format string changes whenever a reader of an older
+file would misread it; fields added since have defaults, so results.json of earlier runs still read.
 """
 
 from __future__ import annotations
@@ -104,6 +103,7 @@ class SideEntry(BaseModel):
     rejected: list[str] = []
     seconds_scored: float = 0.0
     probabilities: str = ""  # RESULTS-relative path of the side's probability store
+    engine: dict[str, Any] = {}  # what its engine ran with, read from the started engine (kv_cache_memory_bytes)
 
 
 class IntervalSettings(BaseModel):
@@ -225,6 +225,7 @@ def results_dict(
                 rejected=[str(r) for r in side.rejected[:SHOWN_IDS]],
                 seconds_scored=round(side.seconds_scored, 3),
                 probabilities=f"{PROBS_DIR}/{side.key}.jsonl",
+                engine=side.engine,
             )
             for side in sides
         ],

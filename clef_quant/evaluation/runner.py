@@ -130,12 +130,20 @@ def run_eval(
             _score_side(side, data.records, store, _never, progress)  # all reused: no engine starts
             continue
         with engines.open(side.folder) as engine:
+            side.engine = engine_in_use(engine)
             _score_side(side, data.records, store, _plugin_scoring(engine), progress)
         gc.collect()
 
     values = compare(sides, data, stores)
     uncertainty = intervals(sides, data, stores)
     return EvalRun(results=results_dict(config, data, sides, engines.settings, values, uncertainty), sides=sides)
+
+
+def engine_in_use(engine: Any) -> dict[str, Any]:
+    """What a started engine runs with, as opposed to what it was asked for: vLLM's CPU platform, for one, can put
+    VLLM_CPU_KVCACHE_SPACE over the engine's own KV cache size. Empty for an engine that does not say."""
+    size = getattr(engine, "kv_cache_memory_bytes", None)
+    return {} if size is None else {"kv_cache_memory_bytes": size}
 
 
 def _reference_scoring(scorer: Any) -> Callable[..., list[tuple[list[list[float]], float]]]:

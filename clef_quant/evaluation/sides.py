@@ -43,6 +43,7 @@ class Side:
     reused: int = 0
     seconds_scored: float = 0.0
     rejected: list[Rejected] = field(default_factory=list)  # stored lines that did not verify (scored again)
+    engine: dict[str, Any] = field(default_factory=dict)  # what its started engine runs with, read from the engine
 
     def producer(self) -> dict[str, Any]:
         """What produces this side's probabilities, hashed into every stored line."""

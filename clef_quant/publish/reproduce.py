@@ -8,6 +8,8 @@ shows, and the card's own flags.
 
 from __future__ import annotations
 
+import ast
+import json
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -126,7 +128,30 @@ def _evaluate(results: EvalResults, out: Path) -> str:
         words.append("--enforce-eager")
     if str(engine.get("batch_invariant")) == "False":
         words.append("--no-batch-invariant")
+    for key, value in engine.items():
+        if key not in EVAL_ENGINE_FLAGS:
+            words += ["--engine-arg", f"{key}={engine_arg_value(value)}"]
     return _join(*words)
+
+
+# The engine settings eval records that are flags of its own (or not flags at all); every other one came from an
+# --engine-arg.
+EVAL_ENGINE_FLAGS = ("max_model_len", "batch_invariant", "enforce_eager")
+
+
+def engine_arg_value(recorded: Any) -> str:
+    """An --engine-arg VALUE that reads back as the value eval recorded (the Python repr of what it parsed):
+    JSON, or the plain text where the text is what --engine-arg took (it reads VALUE as JSON when it parses)."""
+    try:
+        value = ast.literal_eval(recorded) if isinstance(recorded, str) else recorded
+    except (ValueError, SyntaxError):
+        return str(recorded)  # not a literal: kept as written
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            return value
+    return json.dumps(value)
 
 
 def _card(config: CardConfig, repo_id: str) -> str:

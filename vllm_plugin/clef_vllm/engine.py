@@ -21,10 +21,12 @@ Any other vLLM engine argument passes through as a keyword (`gpu_memory_utilizat
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import sys
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,16 +55,44 @@ from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits
 from clef_vllm.vllm_logs import show_vllm_warnings_once
 
 CPU_KV_CACHE_GIB = "2"
+CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+_defaulted_kv_cache: list[str] = []  # the value apply_cpu_defaults put in the environment, if it did
+_warned: set[str] = set()
 
 
 def apply_cpu_defaults(kv_cache_memory_bytes: int | None = None) -> None:
     """Without a GPU, vLLM reserves 92% of host memory for its KV cache and refuses to start when other
     processes hold more than the rest; prefill-only scoring needs little, so default to a fixed 2 GiB. An engine
-    given its own `kv_cache_memory_bytes` keeps it (vLLM's CPU platform lets VLLM_CPU_KVCACHE_SPACE override it)."""
+    given its own `kv_cache_memory_bytes` keeps it (`own_kv_cache`)."""
     import torch
 
-    if kv_cache_memory_bytes is None and not torch.cuda.is_available():
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
+    if kv_cache_memory_bytes is None and not torch.cuda.is_available() and CPU_KV_CACHE_ENV not in os.environ:
+        os.environ[CPU_KV_CACHE_ENV] = CPU_KV_CACHE_GIB
+        _defaulted_kv_cache[:] = [CPU_KV_CACHE_GIB]
+
+
+@contextlib.contextmanager
+def own_kv_cache(kv_cache_memory_bytes: Any) -> Iterator[None]:
+    """While an engine's configuration is built and its processes start: an engine given `kv_cache_memory_bytes`
+    gets that size. vLLM's CPU platform would put VLLM_CPU_KVCACHE_SPACE over it (and the engine would report a
+    size it does not use), so the variable is out of the environment meanwhile, with one warning when a user set
+    it (not this module's own default)."""
+    given = os.environ.get(CPU_KV_CACHE_ENV, "")
+    if kv_cache_memory_bytes is None or not given or uses_gpu():
+        yield
+        return
+    if [given] != _defaulted_kv_cache and given not in _warned:
+        _warned.add(given)
+        print(
+            f"warning: {CPU_KV_CACHE_ENV}={given} (GiB) is ignored for this engine: its kv_cache_memory_bytes="
+            f"{kv_cache_memory_bytes} (--engine-arg) sets the KV cache",
+            file=sys.stderr,
+        )
+    del os.environ[CPU_KV_CACHE_ENV]
+    try:
+        yield
+    finally:
+        os.environ[CPU_KV_CACHE_ENV] = given
 
 
 def schedule_args(
@@ -232,10 +262,17 @@ class ClefEngine:
         self.encoder = Encoder(self.model, max_length=max_model_len, media=limits.media_enabled)
         prepare_engine_process(batch_invariant, model, args)
         show_vllm_warnings_once()
-        self.llm = LLM(**args)
+        with own_kv_cache(args.get("kv_cache_memory_bytes")):
+            self.llm = LLM(**args)
         show_vllm_warnings_once()  # again: the engine's modules brought their own loggers
         if _in_process_core(self.llm) is not None:
             _IN_PROCESS_ENGINES.add(self)
+
+    @property
+    def kv_cache_memory_bytes(self) -> int | None:
+        """The KV cache size the engine runs with, as its configuration says after the platform's adjustments;
+        None where vLLM sizes it from free memory (a GPU without `kv_cache_memory_bytes`)."""
+        return self.llm.llm_engine.vllm_config.cache_config.kv_cache_memory_bytes
 
     def encode(self, body: dict[str, Any] | ClefRequest) -> tuple[ClefRequest, Encoding]:
         return self.encoder.prepare(body, self.limits)

@@ -22,7 +22,7 @@ import torch
 from clef_vllm.answers import response_from_logits
 from clef_vllm.encoder import Encoder, load_tokenizer
 from clef_vllm.encoding import Encoding
-from clef_vllm.engine import engine_prompt, prepare_engine_process
+from clef_vllm.engine import engine_prompt, own_kv_cache, prepare_engine_process
 from clef_vllm.errors import SettingsError
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.request import ClefRequest
@@ -129,7 +129,8 @@ class EngineBackend:
         prepare_engine_process(self.config.batch_invariant, self.config.model, kwargs)
         show_vllm_warnings_once()
         try:
-            self.vllm_config = AsyncEngineArgs(**kwargs).create_engine_config(UsageContext.ENGINE_CONTEXT)
+            with own_kv_cache(kwargs.get("kv_cache_memory_bytes")):  # vLLM's CPU platform reads it here
+                self.vllm_config = AsyncEngineArgs(**kwargs).create_engine_config(UsageContext.ENGINE_CONTEXT)
         except ValueError as exc:  # pydantic's ValidationError is one too
             raise SettingsError(f"vLLM refuses the engine settings: {vllm_refusal(exc)}") from None
 
