@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH
-from clef_vllm.engine_options import COMMON_FLAGS
 from clef_vllm.engine_options import FLAG as ENGINE_ARG_FLAG
 from clef_vllm.engine_options import HELP as ENGINE_ARG_HELP
 from clef_vllm.errors import SettingsError
@@ -76,19 +75,6 @@ def out_of_bounds(config_field: dataclasses.Field[Any], value: Any) -> str | Non
     if how.at_most is not None and value > how.at_most:
         return f"{flag} must be at most {how.at_most:g}, not {value}"
     return None
-
-
-# Engine arguments that are clef-systemone flags (`--engine-arg` refuses them and names the flag).
-SERVER_ENGINE_FLAGS = {
-    **COMMON_FLAGS,
-    "served_model_name": "--served-model-name",
-    "tensor_parallel_size": "--tp",
-    "data_parallel_size": "--dp",
-    "max_num_seqs": "--max-num-seqs",
-    "max_num_batched_tokens": "--max-num-batched-tokens",
-    "limit_mm_per_prompt": "--limit-images and --limit-videos",
-    "language_model_only": "--language-model-only",
-}
 
 
 @dataclass(frozen=True)
@@ -225,9 +211,9 @@ class ServeConfig:
 
     def engine_overrides(self) -> dict[str, Any]:
         """The `--engine-arg` settings; the engine arguments this server has a flag for are refused there."""
-        from clef_vllm.engine_options import engine_overrides
+        from clef_vllm.engine_options import server_engine_overrides
 
-        return engine_overrides(self.engine_arg, SERVER_ENGINE_FLAGS)
+        return server_engine_overrides(self.engine_arg)
 
     def check(self) -> None:
         """Raise `SettingsError` for contradicting settings, before anything is loaded."""
