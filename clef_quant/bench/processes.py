@@ -40,12 +40,38 @@ def running(command: list[str], port: int, log: Path, env: dict[str, str] | None
         try:
             yield wait_healthy(process, port, log)
         finally:
-            os.killpg(process.pid, signal.SIGTERM)
+            _signal_group(process.pid, signal.SIGTERM)
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+                _signal_group(process.pid, signal.SIGKILL)
                 process.wait()
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    # A server that exited by itself (and was reaped by poll()) leaves no group; why it exited is what matters then.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signum)
+
+
+class ServerExited(RuntimeError):
+    """A server ended before it answered /health; the message is its status and its own last words, one line."""
+
+    def __init__(self, command: list[str], status: int, log: Path) -> None:
+        self.status = status
+        self.log_tail = log.read_text(encoding="utf-8", errors="replace")[-4000:]
+        name = "vllm serve" if "vllm.entrypoints.openai.api_server" in command else Path(command[0]).name
+        super().__init__(f"{name} exited with status {status}: {exit_reason(self.log_tail)}")
+        self.add_note(f"the end of its log ({log}):\n{self.log_tail}")  # in a traceback (a test's), not the line
+
+
+def exit_reason(log_text: str) -> str:
+    """The line a server gave as its reason: its last `error:` line (clef-systemone's refusals), else its last line."""
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    refusals = [line for line in lines if line.startswith("error: ")]
+    if refusals:
+        return refusals[-1].removeprefix("error: ")
+    return lines[-1] if lines else "no output"
 
 
 def wait_healthy(process: subprocess.Popen, port: int, log: Path) -> list[int]:
@@ -53,7 +79,7 @@ def wait_healthy(process: subprocess.Popen, port: int, log: Path) -> list[int]:
     deadline = time.monotonic() + STARTUP_SECONDS
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()[-4000:]}")
+            raise ServerExited([str(arg) for arg in process.args], process.returncode, log)
         try:
             status = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code
         except httpx.TransportError:

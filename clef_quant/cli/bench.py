@@ -7,12 +7,12 @@ import shlex
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from clef_quant.bench.modes import MODE_NAMES, Mode, ModesResult
+from clef_quant.bench.modes import MODE_NAMES
 from clef_quant.bench.workload import SERVING_STATE_WORDS
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import (
@@ -179,8 +179,8 @@ def serve(
         _long_inputs(model, max_model_len, clients or 4, out, report)
         return
     clients = clients or 32
-    eager_engine_kwargs(False, engine_arg)  # a bad --engine-arg is refused before anything starts
-    with stage_line("benchmarking") as progress:
+    _server_engine_kwargs(False, engine_arg)  # a bad --engine-arg is refused before anything starts
+    with _server_exits(), stage_line("benchmarking") as progress:
         result = run_serve_bench(
             model,
             device=device,
@@ -221,32 +221,29 @@ def _release_name(folder: Path) -> str:
     return plugin_side_name(folder) if (folder / "clef_quant.json").is_file() else "bf16"
 
 
-def _appended(saved: Path, new: ModesResult) -> ModesResult:
-    """The report at `saved` with `new`'s command added, refused when the workload or machine differ."""
-    from clef_quant.bench.modes import read_result
+def _server_engine_kwargs(enforce_eager: bool, engine_arg: list[str] | None) -> dict[str, Any]:
+    """The engine settings of a benchmark that also starts clef-systemone: --engine-arg as the server checks it, so
+    what it would refuse is refused before the offline engines run, not when the server exits."""
+    from clef_vllm.engine_options import server_engine_overrides
+    from clef_vllm.errors import SettingsError
 
-    if not saved.is_file():
-        raise fail(f"--append: {saved} does not exist", hint="run once without --append")
-    old = read_result(saved)
-    same = ("machine", "records", "tokens", "questions", "max_model_len")
-    differing = [name for name in same if getattr(old, name) != getattr(new, name)]
-    if differing:
-        raise fail(f"--append: {saved} measured another {' and '.join(differing)}")
-    old.command = f"{old.command}` then `{new.command}"
-    return old
+    try:
+        overrides = server_engine_overrides(engine_arg or [])
+    except SettingsError as exc:
+        raise fail(str(exc), hint="clef-systemone refuses it, and bench starts it with the same --engine-arg") from None
+    return {**({"enforce_eager": True} if enforce_eager else {}), **overrides}
 
 
-def _release_and_modes(given: str, default: list[Mode]) -> tuple[Path, list[Mode]]:
-    """`FOLDER` or `FOLDER@MODE,MODE` -> the folder and the modes it runs in."""
-    from clef_quant.bench.modes import MODES
+@contextlib.contextmanager
+def _server_exits() -> Iterator[None]:
+    """A server that ended by itself ends the command with its reason, one line (exit 1: a failed run)."""
+    from clef_quant.bench.processes import ServerExited
 
-    folder, sep, names = given.rpartition("@")
-    if not sep:
-        return Path(given), default
-    unknown = [name for name in names.split(",") if name not in MODES]
-    if unknown:
-        raise fail(f"--release {given}: unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}")
-    return Path(folder), [MODES[name] for name in names.split(",")]
+    try:
+        yield
+    except ServerExited as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command("modes")
@@ -283,8 +280,8 @@ def modes(
         typer.Option(
             metavar="RELEASE:MODE",
             help="Profile single requests and one call over the whole workload of a release (its row name, e.g. "
-            "FP8_DYNAMIC) in one mode: kernel time by part of the model and the GPU's idle time; repeatable, to "
-            "set two modes side by side.",
+            "FP8_DYNAMIC) in one mode: on a GPU kernel time by part of the model and the GPU's idle time; "
+            "repeatable, to set two modes side by side.",
         ),
     ] = None,
     serve: Annotated[
@@ -315,7 +312,10 @@ def modes(
     ] = False,
     out: Annotated[
         Path | None,
-        typer.Option(help="Report path (markdown, JSON beside it).", show_default="bench/results/modes-<device>.md"),
+        typer.Option(
+            help="Report path (markdown, not .json: its JSON goes beside it, same stem).",
+            show_default="bench/results/modes-<device>.md",
+        ),
     ] = None,
 ) -> None:
     """Each release in each serving mode, side by side in one run: records/s and tokens/s, whether a request
@@ -332,7 +332,9 @@ def modes(
 
     from clef_quant.bench.environment import machine_name
     from clef_quant.bench.modes import MODES, ModesResult, run_modes
+    from clef_quant.bench.modes_options import appended, release_and_modes
     from clef_quant.bench.modes_report import write_report
+    from clef_quant.bench.report_paths import check_report_out, json_beside
     from clef_quant.bench.workload import serving_requests
     from clef_vllm.encoder import Encoder
     from clef_vllm.request import parse_request
@@ -340,7 +342,7 @@ def modes(
     chosen = [MODES[name] for name in (mode or ["invariant", "batched"])]
     releases = []
     for given in release:
-        folder, modes_of = _release_and_modes(given, chosen)
+        folder, modes_of = release_and_modes(given, chosen)
         _require_release(folder)
         releases.append((_release_name(folder), folder, modes_of))
     names = [name for name, _, _ in releases]
@@ -356,9 +358,10 @@ def modes(
         for name in given_names or []:
             if name not in names:
                 raise fail(f"{flag} {name}: not one of the releases ({', '.join(names)})")
-    engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
+    engine_kwargs = _server_engine_kwargs(enforce_eager, engine_arg)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = out or Path(f"bench/results/modes-{device.type}.md")
+    check_report_out(out)
     bodies = serving_requests(records, seed=0, state_words=state_words)
     encoder = Encoder(releases[0][1], max_length=max_model_len)
     tokens = sum(encoder.encode(parse_request(body)).num_tokens for body in bodies)
@@ -373,15 +376,15 @@ def modes(
         date=utc_minute(),
     )
     if append:
-        result = _appended(out.with_suffix(".json"), result)
+        result = appended(json_beside(out), result)
     quiet_tools(False, VLLM_QUIET)
     # Stopped early (Ctrl-C, or SIGTERM, which user_errors turns into the same), it writes what it measured.
-    with stage_line("benchmarking") as progress, _report_written(lambda: write_report(result, out)):
+    with _server_exits(), stage_line("benchmarking") as progress, _report_written(lambda: write_report(result, out)):
         run_modes(
             releases,
             bodies,
             result,
-            out.with_suffix(".json"),
+            json_beside(out),
             repeats=repeats,
             probes=min(probes, records),
             latency_requests=min(latency_requests, records),
@@ -689,8 +692,10 @@ def workloads(
     import json
 
     from clef_quant.bench.flide_workloads import flide_workloads
+    from clef_quant.bench.report_paths import check_report_out
 
     _require_release(model, hint=f"clef-quant make-tiny {model} --size clef-tiny")
+    check_report_out(out, with_json=False)
     found = flide_workloads(model, seed=seed)
     lines = [
         json.dumps(
@@ -731,7 +736,8 @@ def latency(
     out: Annotated[
         Path,
         typer.Option(
-            help="Report path (markdown); its JSON goes beside it, same stem; both rewritten after every workload."
+            help="Report path (markdown, not .json); its JSON goes beside it, same stem; both rewritten after every "
+            "workload."
         ),
     ],
     repeats: Annotated[int, typer.Option(min=1, help="Timed requests of each workload, after one untimed.")] = 20,
@@ -760,8 +766,8 @@ def latency(
     from clef_quant.bench.flide_workloads import flide_workloads
     from clef_quant.bench.latency import LatencyResult, ReleaseLatency, run_latency
     from clef_quant.bench.latency_report import write_report
+    from clef_quant.bench.report_paths import check_report_out
     from clef_quant.families import family_of_folder
-    from clef_quant.release_folder.outputs import check_place
     from clef_quant.release_folder.versions import SCORING_TOOLS, tool_versions
 
     seen: set[Path] = set()
@@ -771,7 +777,7 @@ def latency(
             raise fail(f"--release {folder} is given twice")
         seen.add(folder.resolve())
     engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
-    check_place(out.absolute())  # a report that cannot be written fails now, not after the engines ran
+    check_report_out(out)
     runs = []
     with stage_line("building the workloads"):
         for folder in release:
