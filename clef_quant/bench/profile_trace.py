@@ -40,6 +40,8 @@ class Breakdown:
     wall_ms: float = 0.0
     kernels: float = 0.0
     trace: str = ""
+    # False for a trace with no GPU timeline (an engine on a CPU): no kernel time to sum, no GPU to sit idle.
+    gpu: bool = True
 
     @property
     def idle_ms(self) -> float:
@@ -77,10 +79,12 @@ def kernel_breakdown(path: Path, *, requests: int) -> Breakdown:
     parts: dict[str, float] = {}
     busy = 0.0
     kernels = 0
+    gpu = False
     for event in events:
         category = event.get("cat")
         if category not in ("kernel", "gpu_memcpy", "gpu_memset"):
             continue
+        gpu = True
         duration = float(event.get("dur", 0))
         start = event.get("ts", 0)
         if any(low <= start < high for low, high in pooler_windows):
@@ -98,4 +102,5 @@ def kernel_breakdown(path: Path, *, requests: int) -> Breakdown:
         busy_ms=busy / scale,
         kernels=kernels / requests,
         trace=path.name,
+        gpu=gpu,
     )
