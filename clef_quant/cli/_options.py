@@ -246,16 +246,20 @@ def renamed_option(name: str) -> str:
     return RENAMED_OPTIONS.get(name, name)
 
 
-def eager_engine_kwargs(enforce_eager: bool, engine_arg: list[str] | None = None) -> dict[str, Any]:
+def eager_engine_kwargs(
+    enforce_eager: bool, engine_arg: list[str] | None = None, *, server: bool = False
+) -> dict[str, Any]:
     """The engine settings --enforce-eager and --engine-arg add; none without them, so a run's recorded settings
-    stay as before."""
-    from clef_vllm.engine_options import engine_overrides
+    stay as before. `server`: the command also starts clef-systemone with them, so they are checked as it checks
+    them, before anything runs rather than when the server exits."""
+    from clef_vllm.engine_options import engine_overrides, server_engine_overrides
     from clef_vllm.errors import SettingsError
 
     try:
-        overrides = engine_overrides(engine_arg or [])
+        overrides = (server_engine_overrides if server else engine_overrides)(engine_arg or [])
     except SettingsError as exc:
-        raise fail(str(exc)) from None
+        hint = "clef-systemone refuses it, and this command starts it with the same --engine-arg" if server else None
+        raise fail(str(exc), hint=hint) from None
     return {**({"enforce_eager": True} if enforce_eager else {}), **overrides}
 
 

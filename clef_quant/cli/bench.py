@@ -7,7 +7,7 @@ import shlex
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -179,7 +179,7 @@ def serve(
         _long_inputs(model, max_model_len, clients or 4, out, report)
         return
     clients = clients or 32
-    _server_engine_kwargs(False, engine_arg)  # a bad --engine-arg is refused before anything starts
+    eager_engine_kwargs(False, engine_arg, server=True)  # a bad --engine-arg is refused before anything starts
     with _server_exits(), stage_line("benchmarking") as progress:
         result = run_serve_bench(
             model,
@@ -219,19 +219,6 @@ def _release_name(folder: Path) -> str:
     from clef_quant.bench.throughput import plugin_side_name
 
     return plugin_side_name(folder) if (folder / "clef_quant.json").is_file() else "bf16"
-
-
-def _server_engine_kwargs(enforce_eager: bool, engine_arg: list[str] | None) -> dict[str, Any]:
-    """The engine settings of a benchmark that also starts clef-systemone: --engine-arg as the server checks it, so
-    what it would refuse is refused before the offline engines run, not when the server exits."""
-    from clef_vllm.engine_options import server_engine_overrides
-    from clef_vllm.errors import SettingsError
-
-    try:
-        overrides = server_engine_overrides(engine_arg or [])
-    except SettingsError as exc:
-        raise fail(str(exc), hint="clef-systemone refuses it, and bench starts it with the same --engine-arg") from None
-    return {**({"enforce_eager": True} if enforce_eager else {}), **overrides}
 
 
 @contextlib.contextmanager
@@ -313,8 +300,7 @@ def modes(
     out: Annotated[
         Path | None,
         typer.Option(
-            help="Report path (markdown, not .json: its JSON goes beside it, same stem).",
-            show_default="bench/results/modes-<device>.md",
+            help="Report path (markdown, not .json; JSON beside it).", show_default="bench/results/modes-<device>.md"
         ),
     ] = None,
 ) -> None:
@@ -358,7 +344,7 @@ def modes(
         for name in given_names or []:
             if name not in names:
                 raise fail(f"{flag} {name}: not one of the releases ({', '.join(names)})")
-    engine_kwargs = _server_engine_kwargs(enforce_eager, engine_arg)
+    engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg, server=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = out or Path(f"bench/results/modes-{device.type}.md")
     check_report_out(out)
