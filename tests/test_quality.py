@@ -169,7 +169,6 @@ def test_fp8_beats_every_4_bit_scheme_by_more_than_the_records_leave_open(
     0. Orderings among the 4-bit schemes (GPTQ, MSE, AWQ against round-to-nearest; auto against the hybrid) are
     inside what these records leave open, so each method is held to what it optimizes instead (the tests below).
     """
-    from clef_quant.bootstrap import Bootstrap
     from clef_quant.evaluation.comparison import paired_intervals
 
     schemes = [s for s in ("fp8-dynamic", "fp8-block", *FOUR_BIT) if served_on_this_cpu(s)]
@@ -182,7 +181,7 @@ def test_fp8_beats_every_4_bit_scheme_by_more_than_the_records_leave_open(
     four_bit = [i for i, n in enumerate(names) if n in FOUR_BIT]
     pairs = [(a, b) for a in fp8 for b in four_bit]
     assert len(pairs) >= 4
-    drawn = paired_intervals({"heldout": len(counts)}, names, sums, counts, pairs, Bootstrap(), metrics=("kl",))
+    drawn = paired_intervals({"heldout": len(counts)}, names, sums, counts, pairs, metrics=("kl",))
     differences = [d for d in drawn.differences if d.task == "heldout"]
     assert len(differences) == len(pairs)
     for d in differences:

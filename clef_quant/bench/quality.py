@@ -309,17 +309,20 @@ def _differences_section(bench: QualityBench) -> list[str]:
         and row.intervals["agreement"][0] <= floor[1]
         and floor[0] <= row.intervals["agreement"][1]
     ]
-    settings = bench.interval_settings
+    from clef_quant.evaluation.results import IntervalSettings
+    from clef_quant.evaluation.tables import interval_words
+
+    how = interval_words(IntervalSettings(**bench.interval_settings)) if bench.interval_settings else ""
     return [
         "",
-        "Paired differences over All (the first scheme minus the second, on the same resampled records for both; "
-        f"95% intervals from {settings.get('resamples', '?')} bootstrap resamples of the records, seed "
-        f"{settings.get('seed', '?')}, as `clef-quant eval` draws them; every pair is in the JSON). "
-        "Indistinguishable: the interval covers 0, so these records cannot tell the two schemes apart.",
+        "Paired differences over All (the first scheme minus the second, on the same records for both, as "
+        f"`clef-quant eval` draws them; every pair is in the JSON). {how} A dash: no interval (too few records), so "
+        "nothing is decided. Indistinguishable: the interval covers 0, so these records cannot tell the two schemes "
+        "apart.",
         "",
         markdown_table(["difference", "KL", "KL says", "agreement", "agreement says"], rows, "lrlrl"),
         "",
         "At the noise floor (agreement interval overlapping the floor's): "
-        + (", ".join(f"`{s}`" for s in at_floor) if at_floor else "none")
-        + ".",
+        + (", ".join(f"`{s}`" for s in at_floor) if at_floor else "none" if floor[0] is not None else "not decided")
+        + ("." if floor[0] is not None else ": no intervals (too few records)."),
     ]

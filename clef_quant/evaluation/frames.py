@@ -83,8 +83,8 @@ def intervals_frame(results: Results) -> pd.DataFrame:
 
 def differences_frame(results: Results) -> pd.DataFrame:
     """One row per pair of plugin sides (noise floor and candidates), task (then All) and metric: `difference` is
-    `a` minus `b`, measured on the same resampled records; `distinguishable` is False when its interval covers 0.
-    Empty for results.json written before intervals."""
+    `a` minus `b`, measured on the same records; `distinguishable` is False when its interval covers 0, None without
+    an interval (too few records). Empty for results.json written before intervals."""
     import pandas as pd
 
     names = {side.key: side.name for side in results.sides}

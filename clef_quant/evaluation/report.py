@@ -15,10 +15,12 @@ from clef_quant.evaluation.results import ALL, RESULTS_JSON, Results
 from clef_quant.evaluation.tables import (
     ARROWS,
     differences_table,
+    interval_words,
     intervals_table,
     metric_table,
     sides_table,
     tasks_table,
+    undecided,
 )
 from clef_quant.release_folder.atomic import write_json_atomic, write_text_atomic
 
@@ -83,24 +85,27 @@ def interval_section(results: Results) -> list[str]:
     settings = results.intervals
     if settings is None:
         return []
+    why = undecided(results, ALL)
     return [
         "## How sure: 95% intervals",
         "",
-        f"Each interval is the middle {settings.confidence:.0%} of {settings.resamples} resamples of the records "
-        f"(bootstrap, seed {settings.seed}, every task keeps its size), with the same records drawn for every side; "
-        "a difference of two sides is measured on those same records, so it can be narrower than the two "
-        "intervals side by side suggest. A difference whose interval covers 0 is one these records cannot tell "
-        "from chance: another draw of the data could reverse it. A candidate is at the noise floor when its "
-        "agreement interval overlaps the noise floor's. Every task's intervals are in `results.json` (`bounds`, "
+        f"{interval_words(settings)} A difference whose interval covers 0 is one these records cannot tell from "
+        "chance: another draw of the data could reverse it. A candidate is at the noise floor when its agreement "
+        "interval overlaps the noise floor's. Every task's intervals are in `results.json` (`bounds`, "
         "`differences`).",
         "",
+        *(
+            [f"**{why[:1].upper()}{why[1:]}**: no interval is drawn over All and no difference is decided.", ""]
+            if why
+            else []
+        ),
         f"**{ALL}, every side:**",
         "",
         intervals_table(results, intervals_frame(results)),
         "",
         f"**{ALL}, every pair of sides run through the plugin (the first minus the second):**",
         "",
-        differences_table(differences_frame(results)),
+        differences_table(results, differences_frame(results)),
         "",
     ]
 

@@ -1,10 +1,9 @@
 """results.json of an evaluation run: its one shape (`ResultsFile`), which the runner fills (`results_dict`) and
 every reader validates, and the view readers use (`Results`: the eval report, `load_results` and the model card).
 
-results.json holds config, data, tasks, metrics, sides and `values[side key][task or All][metric]`; since intervals
-`intervals` (how they were drawn), `bounds[side key][task or All][metric]` (low, high) and `differences` (every pair
-of plugin sides, per task and metric, with its interval). Its format string changes whenever a reader of an older
-file would misread it; fields added since have defaults, so results.json of earlier runs still read.
+results.json holds config, data, tasks, metrics, sides, `values[side key][task or All][metric]` and the intervals:
+`intervals` (how drawn), `bounds[side key][task or All][metric]` (low, high), `differences` (every pair of plugin
+sides). Its format string changes when an older reader would misread it; later fields have defaults (older files read).
 """
 
 from __future__ import annotations
@@ -111,13 +110,14 @@ class IntervalSettings(BaseModel):
 
     method: str
     confidence: float
-    resamples: int
-    seed: int
+    resamples: int | None = None  # the bootstrap of files written before the t-interval
+    seed: int | None = None
     metrics: list[str]
+    min_records: int | None = None  # a task (or All) with fewer records has no interval and decides nothing
 
 
 class DifferenceEntry(BaseModel):
-    """`a` minus `b` (side keys) for one task (or All) and metric, with its interval over the same resamples."""
+    """`a` minus `b` (side keys) for one task (or All) and metric, with its interval over the same records."""
 
     model_config = _SECTION
 
@@ -249,7 +249,7 @@ class Uncertainty:
     """The intervals of one run, as `comparison.intervals` draws them."""
 
     settings: IntervalSettings
-    bounds: dict[str, dict[str, dict[str, tuple[float, float]]]]  # side key -> task or All -> metric -> (low, high)
+    bounds: dict[str, dict[str, dict[str, tuple[float | None, float | None]]]]  # side key -> task -> metric -> bounds
     differences: list[DifferenceEntry]
 
 

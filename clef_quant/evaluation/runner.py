@@ -8,7 +8,7 @@ Sequence:
 3. For each side, look every record up in its probability store; score only the missing ones, one side at a time
    (one model in memory), task by task, appending to the store after every batch.
 4. Compare each side with the reference per task and for All, with every metric of the registry; draw the
-   intervals of the question means and of every pair of plugin sides' differences (paired bootstrap over records).
+   intervals of the question means and of every pair of plugin sides' differences (paired t-intervals over records).
 The noise floor row tells quantization damage from what the serving engine alone changes.
 """
 

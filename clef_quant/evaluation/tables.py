@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from clef_quant.evaluation.metrics import METRIC_BY_NAME, Metric, format_value
-from clef_quant.evaluation.results import ALL, Results, ResultSide
+from clef_quant.evaluation.results import ALL, IntervalSettings, Results, ResultSide
 from clef_quant.formatting import markdown_table
 
 if TYPE_CHECKING:
@@ -96,6 +96,34 @@ def sides_table(results: Results) -> str:
 INDISTINGUISHABLE = "indistinguishable: the interval covers 0, so these records cannot tell the two apart"
 
 
+def interval_words(settings: IntervalSettings) -> str:
+    """How results.json's intervals were drawn, in words (a bootstrap in files written before the t-interval)."""
+    paired = (
+        "with the same records for every side; a difference of two sides is measured on those same records, so it "
+        "can be narrower than the two intervals side by side suggest."
+    )
+    if settings.resamples is not None:
+        return (
+            f"Each interval is the middle {settings.confidence:.0%} of {settings.resamples} resamples of the records "
+            f"(bootstrap, seed {settings.seed}, every task keeps its size), {paired}"
+        )
+    floor = f" A task (or All) of fewer than {settings.min_records} records has none." if settings.min_records else ""
+    return (
+        f"Each interval is a {settings.confidence:.0%} t-interval over the records (a record's questions count as "
+        f"one unit; n - 1 degrees of freedom), {paired}{floor}"
+    )
+
+
+def undecided(results: Results, task: str = ALL) -> str | None:
+    """Why the intervals of `task` (or All) decide nothing, or None when they may: below results.json's minimum of
+    records an interval is not drawn (`comparison.MIN_RECORDS` says why)."""
+    settings = results.intervals
+    records = next((t.records for t in results.tasks if t.name == task), 0)
+    if settings is None or settings.min_records is None or records >= settings.min_records:
+        return None
+    return f"too few records to decide (n = {records} < {settings.min_records})"
+
+
 def with_interval(metric: Metric, value: float, low: float, high: float) -> str:
     """`72.2% [61.1%, 81.9%]`: a value and its interval, in the metric's format."""
     return f"{format_value(metric, value)} [{format_value(metric, low)}, {format_value(metric, high)}]"
@@ -108,8 +136,10 @@ def signed(metric: Metric, value: float) -> str:
     return f"{value:+.2e}"
 
 
-def verdict(metric: Metric, a: str, b: str, difference: float, distinguishable: bool) -> str:
-    """What a difference says, in words."""
+def verdict(metric: Metric, a: str, b: str, difference: float, distinguishable: bool | None) -> str:
+    """What a difference says, in words; None: it has no interval to say it with."""
+    if distinguishable is None:
+        return "no interval: nothing decided"
     if not distinguishable:
         return INDISTINGUISHABLE
     better = a if (difference > 0) == (metric.direction == "higher") else b
@@ -120,7 +150,7 @@ def floor_words(results: Results, side: ResultSide, task: str = ALL) -> str:
     """Whether a candidate can be told from the noise floor by its agreement interval."""
     at_floor = results.at_floor(side, task)
     if at_floor is None:
-        return "n/a"
+        return undecided(results, task) or "n/a"
     if at_floor:
         return "at the floor: its agreement interval overlaps the noise floor's"
     return "below the floor: its agreement interval lies under the noise floor's"
@@ -129,13 +159,17 @@ def floor_words(results: Results, side: ResultSide, task: str = ALL) -> str:
 def intervals_table(results: Results, frame: pd.DataFrame, task: str = ALL) -> str:
     """One row per side: every metric with an interval, as `value [low, high]`; a candidate's floor verdict."""
     indexed = frame[frame["task"] == task].set_index(["side_key", "metric"])
-    metrics = [METRIC_BY_NAME[name] for name in dict.fromkeys(frame["metric"])]
+    names = results.intervals.metrics if results.intervals else []
+    metrics = [METRIC_BY_NAME[name] for name in names]
     rows = []
     for side in results.sides:
         cells = [cell(side.name)]
         for metric in metrics:
-            if not measures(side, metric) or (side.key, metric.name) not in indexed.index:
+            if not measures(side, metric):
                 cells.append("—")
+                continue
+            if (side.key, metric.name) not in indexed.index:  # too few records: the value without an interval
+                cells.append(f"{format_value(metric, results.value(side, task, metric.name))} [no interval]")
                 continue
             row = indexed.loc[(side.key, metric.name)]
             cells.append(with_interval(metric, row["value"], row["low"], row["high"]))
@@ -145,9 +179,10 @@ def intervals_table(results: Results, frame: pd.DataFrame, task: str = ALL) -> s
     return markdown_table(header, rows, "l" + "r" * len(metrics) + "l")
 
 
-def differences_table(differences: pd.DataFrame, task: str = ALL, side: str | None = None) -> str:
+def differences_table(results: Results, differences: pd.DataFrame, task: str = ALL, side: str | None = None) -> str:
     """Paired differences of one task (All by default): every pair, or only the pairs of side key `side`, turned
-    so that `side` comes first."""
+    so that `side` comes first. Below the minimum of records they have no interval and say so."""
+    why = undecided(results, task)
     rows = []
     for d in differences[differences["task"] == task].itertuples():
         a, b, low, high, difference = d.a, d.b, d.low, d.high, d.difference
@@ -157,13 +192,14 @@ def differences_table(differences: pd.DataFrame, task: str = ALL, side: str | No
             if d.b_key == side:
                 a, b, low, high, difference = d.b, d.a, -d.high, -d.low, -d.difference
         metric = METRIC_BY_NAME[d.metric]
+        decided = None if d.distinguishable is None else bool(d.distinguishable)
         rows.append(
             [
                 cell(f"{a} − {b}"),
                 cell(metric.title),
                 signed(metric, difference),
-                f"[{signed(metric, low)}, {signed(metric, high)}]",
-                cell(verdict(metric, a, b, difference, bool(d.distinguishable))),
+                "—" if decided is None else f"[{signed(metric, low)}, {signed(metric, high)}]",
+                cell(why if decided is None and why else verdict(metric, a, b, difference, decided)),
             ]
         )
     return markdown_table(["difference", "metric", "value", "95% interval", "what it says"], rows, "llrrl")

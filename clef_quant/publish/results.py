@@ -27,9 +27,11 @@ from clef_quant.evaluation.summary import DataSummary
 from clef_quant.evaluation.tables import (
     differences_table,
     floor_words,
+    interval_words,
     intervals_table,
     side_groups_table,
     sides_table,
+    undecided,
     with_interval,
 )
 from clef_quant.publish.errors import PublishError
@@ -143,9 +145,18 @@ class EvalResults:
 
     @property
     def intervals(self) -> dict[str, Any] | None:
-        """How the intervals were drawn (confidence, resamples, seed), or None without intervals."""
+        """How the intervals were drawn (method, confidence, minimum of records), or None without intervals."""
         settings = self.results.intervals
         return settings.model_dump() if settings is not None else None
+
+    @property
+    def interval_words(self) -> str:
+        return interval_words(self.results.intervals) if self.results.intervals else ""
+
+    @property
+    def undecided(self) -> str:
+        """Why All's intervals decide nothing (too few records), or empty."""
+        return undecided(self.results, ALL) or ""
 
     @property
     def intervals_table(self) -> str:
@@ -154,7 +165,7 @@ class EvalResults:
     @property
     def differences_table(self) -> str:
         """This release against the noise floor and every other candidate, All."""
-        return differences_table(differences_frame(self.results), side=self.this.key)
+        return differences_table(self.results, differences_frame(self.results), side=self.this.key)
 
     @property
     def floor_verdict(self) -> str:
