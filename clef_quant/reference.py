@@ -7,10 +7,19 @@ rescored record did not match its first score. On CPU one record at a time was a
 14 fixture records in 1.1 s instead of 5.4 s in batches of 8). Records without media run through the text model
 alone, records with media through the full vision-language model. Every quantized checkpoint is compared with
 what this produces.
+
+A quantized release (compressed-tensors, as `clef-quant quantize` writes it) is loaded dequantized: transformers
+decompresses every stored weight to the scorer's dtype, and compressed-tensors' forward quantizes and dequantizes the
+activations of the layers whose scheme quantizes them, as the release's config says. That is the release's own math
+in transformers' kernels, so it answers as the servers do up to a noise floor. A release transformers cannot run
+faithfully is refused with one line instead of answering with weights it did not load.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +31,68 @@ from clef_quant.progress import NoProgress, Progress
 from clef_vllm.answers import response_from_logits
 from clef_vllm.encoder import Encoder
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
+from clef_vllm.errors import CheckpointError
 from clef_vllm.head_files import find_head_dir, load_head
 from clef_vllm.request import ClefRequest
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+SERVED_INSTEAD = "serve it with clef-systemone or ClefEngine, which run it through vLLM's quantized kernels"
+# compressed-tensors' per-module tensors besides `weight` (scales, global scales, zero points, packed weights and
+# their shapes, group indices): one that transformers loads nowhere leaves its weight dequantized without it.
+QUANTIZATION_TENSOR = re.compile(r"\.(?:weight|input|output)_[a-z_]+$")
+
+
+def quantization_config(folder: Path) -> dict[str, Any] | None:
+    """config.json's `quantization_config` (None for a bf16 release, or a folder without a readable config)."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    found = config.get("quantization_config") if isinstance(config, dict) else None
+    return found if isinstance(found, dict) and found else None
+
+
+def load_backbone(folder: Path, dtype: torch.dtype) -> Any:
+    """The release's transformers model in `dtype`; a quantized release with its weights dequantized to `dtype`.
+
+    Raises CheckpointError naming the servers to use when transformers cannot run the release's quantization."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    # The class config.json names: Qwen3_5ForConditionalGeneration (clef-flash, clef) or
+    # Qwen3OmniMoeForConditionalGeneration (Clef-Omni, the thinker only).
+    model_class = getattr(transformers, config.architectures[0])
+    quantization = quantization_config(folder)
+    if quantization is None:
+        return model_class.from_pretrained(folder, dtype=dtype)
+    method = quantization.get("quant_method")
+    if method != "compressed-tensors":
+        raise CheckpointError(_cannot_run(folder, f"it is quantized by {method!r}, not compressed-tensors"))
+    # dequantize=True: the weights are decompressed once at load. Left compressed, they are decompressed by a hook
+    # on the first forward pass of the whole model, which the text model alone (what records without media run
+    # through) never calls: its first Linear then met FP8 weights with bf16 inputs.
+    options = transformers.CompressedTensorsConfig(dequantize=True)
+    with warnings.catch_warnings():
+        # said for every quantized release: the options above are merged into the release's own config
+        warnings.filterwarnings("ignore", message="You passed `quantization_config`")
+        try:
+            model, info = model_class.from_pretrained(
+                folder, dtype=dtype, quantization_config=options, output_loading_info=True
+            )
+        except Exception as exc:  # whatever transformers or compressed-tensors refuse, the answer is one line
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise CheckpointError(_cannot_run(folder, f"loading it failed: {type(exc).__name__}: {reason}")) from exc
+    unplaced = [str(k) for k in info["missing_keys"]] + [str(k) for k in info["mismatched_keys"]]
+    unplaced += [k for k in info["unexpected_keys"] if QUANTIZATION_TENSOR.search(k)]
+    if unplaced:
+        shown = ", ".join(sorted(unplaced)[:2]) + (", ..." if len(unplaced) > 2 else "")
+        why = f"{len(unplaced)} of its tensors would be left out of the dequantized weights ({shown})"
+        raise CheckpointError(_cannot_run(folder, why))
+    return model
+
+
+def _cannot_run(folder: Path, why: str) -> str:
+    return f"transformers cannot run the quantized release {Path(folder).name}: {why}; {SERVED_INSTEAD}"
 
 
 def is_omni(model: Any) -> bool:
@@ -110,18 +177,16 @@ class ReferenceScorer:
     def model(self) -> Any:
         """The backbone, loaded on first use so that bad requests are refused before the slow part."""
         if self._model is None:
-            import transformers
-
             from clef_vllm.cpu_conv1d import use_in_transformers
 
             use_in_transformers()
-            config = transformers.AutoConfig.from_pretrained(self.folder)
-            # The class config.json names: Qwen3_5ForConditionalGeneration (clef-flash, clef) or
-            # Qwen3OmniMoeForConditionalGeneration (Clef-Omni, the thinker only).
-            model_class = getattr(transformers, config.architectures[0])
-            model = model_class.from_pretrained(self.folder, dtype=self.dtype)
-            self._model = model.to(self.device).eval()
+            self._model = load_backbone(self.folder, self.dtype).to(self.device).eval()
         return self._model
+
+    @property
+    def quantization(self) -> dict[str, Any] | None:
+        """The release's `quantization_config` (None for bf16): what loading dequantizes."""
+        return quantization_config(self.folder)
 
     @property
     def head(self) -> Any:
