@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clef_quant.bench.modes_servers import NATIVE, SYSTEMONE, ServerRun, serve_at_client_counts
 from clef_quant.bench.profile_trace import Breakdown, kernel_breakdown, newest_trace
 from clef_quant.progress import Progress, Stages
 from clef_vllm.invariance import BF16_GEMM_ENV
@@ -82,9 +83,6 @@ MODES = {
 MODE_NAMES = tuple(MODES)
 # The workload is text: the vision tower stays unloaded, as `clef-systemone --language-model-only` does.
 TEXT_ONLY = replace(DEFAULT_LIMITS, max_images=0, max_videos=0)
-CLIENT_COUNTS = (1, 8, 64)
-SYSTEMONE = "clef-systemone"
-NATIVE = "vllm serve (native)"  # vLLM's own Clef class (0.33 and later), without our plugin
 
 
 @dataclass
@@ -109,19 +107,6 @@ class ModeRun:
     @property
     def best_records_s(self) -> float:
         return max(self.records_s, default=0.0)
-
-
-@dataclass
-class ServerRun:
-    release: str
-    scheme: str
-    mode: str
-    clients: int
-    requests_s: float
-    latency_ms: list[float]
-    errors: int
-    identical_to_one_client: int | None = None
-    server: str = SYSTEMONE
 
 
 @dataclass
@@ -366,81 +351,6 @@ def run_modes(
             save()
     stage.done()
     return result
-
-
-def serve_at_client_counts(
-    folder: Path,
-    scheme: str,
-    bodies: list[dict[str, Any]],
-    max_model_len: int,
-    flags: list[str],
-    server: str = SYSTEMONE,
-) -> list[ServerRun]:
-    """One server, `clef-systemone` in its default mode or native vLLM with its own defaults; the workload at each
-    client count, answers compared with the one-client run's."""
-    import asyncio
-    import tempfile
-
-    from clef_quant.bench import processes
-
-    port = processes.free_port()
-    runs: list[ServerRun] = []
-    shared = ("--max-model-len", str(max_model_len), "--language-model-only", *flags)
-    if server == NATIVE:  # vLLM answers only for the model name it serves: the one the bodies ask for
-        named = ("--served-model-name", str(bodies[0].get("model", "clef")))
-        command, env = processes.native_vllm_command(folder, port, *shared, *named), processes.native_vllm_env()
-    else:
-        command, env = processes.systemone_command(folder, port, *shared), None
-    with tempfile.TemporaryDirectory() as logs, processes.running(command, port, Path(logs) / "server.log", env):
-        url = f"http://127.0.0.1:{port}/v1/systemone"
-        baseline: list[Any] | None = None
-        for clients in CLIENT_COUNTS:
-            rate, latencies, answers, errors = asyncio.run(_timed_clients(url, bodies, clients))
-            mode = "invariant" if server == SYSTEMONE else "vLLM's defaults"
-            run = ServerRun(str(folder), scheme, mode, clients, rate, latencies, errors, server=server)
-            if baseline is None:
-                baseline = answers
-            else:
-                run.identical_to_one_client = sum(a == b for a, b in zip(baseline, answers, strict=True))
-            runs.append(run)
-    return runs
-
-
-async def _timed_clients(
-    url: str, bodies: list[dict[str, Any]], clients: int
-) -> tuple[float, list[float], list[Any], int]:
-    """`clients` concurrent clients send every body once: requests/s, each request's latency in ms, the answers in
-    body order, and how many failed."""
-    import asyncio
-
-    import httpx
-
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for index in range(len(bodies)):
-        queue.put_nowait(index)
-    latencies: list[float] = []
-    answers: list[Any] = [None] * len(bodies)
-    errors = 0
-
-    async def client(http: httpx.AsyncClient) -> None:
-        nonlocal errors
-        while not queue.empty():
-            index = queue.get_nowait()
-            start = time.perf_counter()
-            response = await http.post(url, json=bodies[index], timeout=600)
-            latencies.append((time.perf_counter() - start) * 1000)
-            if response.status_code == 200:
-                answers[index] = response.json()["answers"]
-            else:
-                errors += 1
-
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=clients)) as http:
-        for body in bodies[:4]:  # warm-up
-            await http.post(url, json=body, timeout=600)
-        start = time.perf_counter()
-        await asyncio.gather(*(client(http) for _ in range(clients)))
-        rate = len(bodies) / (time.perf_counter() - start)
-    return rate, latencies, answers, errors
 
 
 def median(values: list[float]) -> float:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from clef_quant.bench.modes import MODES, ModeRun, ModesResult, median, percentile
+from clef_quant.bench.modes_servers import ServerRun
 from clef_quant.bench.profile_trace import Breakdown
 from clef_quant.formatting import facts_table, markdown_table, utc_minute
 
@@ -80,38 +81,7 @@ def render_markdown(result: ModesResult) -> str:
         if run.latency_ms
     ]
     lines += [markdown_table(["release", "mode", "p50 ms", "p95 ms"], latency, "llrr"), ""]
-    if result.servers:
-        lines += ["## Servers: clef-systemone (default mode) and native vLLM", ""]
-        rows = []
-        for server in result.servers:
-            offline = _offline_invariant(result, server.scheme)
-            rows.append(
-                [
-                    server.server,
-                    server.scheme,
-                    str(server.clients),
-                    f"{server.requests_s:.1f}",
-                    f"{median(server.latency_ms):.1f}",
-                    f"{percentile(server.latency_ms, 0.95):.1f}",
-                    f"{server.requests_s / offline.best_records_s:.2f}" if offline else "",
-                    ""
-                    if server.identical_to_one_client is None
-                    else f"{server.identical_to_one_client}/{result.records}",
-                    str(server.errors),
-                ]
-            )
-        header = [
-            "server",
-            "release",
-            "clients",
-            "requests/s",
-            "p50 ms",
-            "p95 ms",
-            "vs offline",
-            "answers = 1 client",
-            "errors",
-        ]
-        lines += [markdown_table(header, rows), ""]
+    lines += _servers_section(result)
     for run in result.runs:
         for title, b in (
             ("Where one request's time goes", run.breakdown),
@@ -121,6 +91,74 @@ def render_markdown(result: ModesResult) -> str:
                 lines += _breakdown_section(f"{title} ({run.scheme}, {run.mode})", b)
     lines += [f"- {note}" for note in result.notes]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _servers_section(result: ModesResult) -> list[str]:
+    """The servers at each client count. Rates, latencies and the comparison with one client are of answered
+    requests only; a run whose requests failed shows how many and why, and no speed for them."""
+    if not result.servers:
+        return []
+    rows, failures = [], []
+    for server in result.servers:
+        offline = _offline_invariant(result, server.scheme)
+        # A report written before failures were told apart counted a failed request's time and its missing answer
+        # (None == None) as a success: with errors, its rates and agreement say nothing.
+        known = server.requests is not None or not server.errors
+        speed = known and server.answered != 0
+        if server.compared is not None:
+            agreement = f"{server.identical_to_one_client}/{server.compared}" if server.compared else "none to compare"
+        elif server.identical_to_one_client is not None and known:
+            agreement = f"{server.identical_to_one_client}/{result.records}"
+        else:
+            agreement = ""
+        rows.append(
+            [
+                server.server,
+                server.scheme,
+                str(server.clients),
+                f"{server.requests_s:.1f}" if speed else "—",
+                f"{median(server.latency_ms):.1f}" if speed and server.latency_ms else "—",
+                f"{percentile(server.latency_ms, 0.95):.1f}" if speed and server.latency_ms else "—",
+                f"{server.requests_s / offline.best_records_s:.2f}" if offline and speed else "",
+                agreement,
+                str(server.errors) if server.requests is None else f"{server.errors}/{server.requests}",
+            ]
+        )
+        if server.errors:
+            clients = f"{server.clients} client{'' if server.clients == 1 else 's'}"
+            why = f"the first with `{server.first_error}`" if server.first_error else "why was not recorded"
+            failed = f"{server.errors} of {server.requests}" if server.requests else str(server.errors)
+            failures.append(f"- {server.server}, {server.scheme}, {clients}: {failed} requests failed, {why}")
+    header = ["server", "release", "clients", "requests/s", "p50 ms", "p95 ms", "vs offline", "answers = 1 client"]
+    lines = ["## Servers: clef-systemone (default mode) and native vLLM", ""]
+    lines += [markdown_table([*header, "errors"], rows), ""]
+    if failures:
+        lines += [
+            "Requests/s, latencies and the answers compared with one client count answered requests only: a failed "
+            "request has no speed and equals no other answer.",
+            "",
+            *failures,
+            "",
+        ]
+    return lines
+
+
+def server_failures(result: ModesResult) -> list[str]:
+    """One line per server and release whose requests failed: how many of those sent, and the first reason."""
+    found: dict[tuple[str, str], list[ServerRun]] = {}
+    for server in result.servers:
+        if server.errors:
+            found.setdefault((server.server, server.scheme), []).append(server)
+    lines = []
+    for (name, scheme), runs in found.items():
+        sent = sum(run.requests or 0 for run in runs)
+        reason = next((run.first_error for run in runs if run.first_error), None)
+        lines.append(
+            f"{name}, {scheme}: {sum(run.errors for run in runs)} of {sent or '?'} requests failed"
+            + (f" (first: {reason})" if reason else "")
+            + "; the report gives them no speed and no agreement"
+        )
+    return lines
 
 
 def _breakdown_section(title: str, b: Breakdown) -> list[str]:

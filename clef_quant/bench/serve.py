@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import math
 import os
 import tempfile
 import time
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from clef_quant.bench.clients import ClientTally, post_counted
 from clef_quant.bench.processes import free_port, running, systemone_command
 from clef_quant.bench.workload import varied_requests
 from clef_quant.formatting import facts_table, markdown_table, utc_minute
@@ -43,26 +45,32 @@ class ServeBenchResult:
     offline_batched_records_s: float = 0.0
     server_batched_requests_s: float = 0.0
     reference_records_s: float = 0.0
-    server_errors: int = 0
+    server_errors: int = 0  # failed requests of both server runs; their rates count answered requests only
+    server_first_error: str | None = None
     compress_above: int | None = None
     compressed_requests: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
     def server_over_offline(self) -> float:
-        return self.server_requests_s / self.offline_records_s
+        return _ratio(self.server_requests_s, self.offline_records_s)
 
     @property
     def invariant_over_batched_server(self) -> float:
-        return self.server_requests_s / self.server_batched_requests_s
+        return _ratio(self.server_requests_s, self.server_batched_requests_s)
 
     @property
     def invariant_over_batched_offline(self) -> float:
-        return self.offline_records_s / self.offline_batched_records_s
+        return _ratio(self.offline_records_s, self.offline_batched_records_s)
 
     @property
     def plugin_over_reference(self) -> float:
-        return self.offline_records_s / self.reference_records_s
+        return _ratio(self.offline_records_s, self.reference_records_s)
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    """NaN where a side answered nothing: a server whose requests all failed has no speed to compare."""
+    return numerator / denominator if numerator > 0 and denominator > 0 else math.nan
 
 
 def _offline(model: Path, bodies: list[dict[str, Any]], engine_kwargs: dict[str, Any]) -> float:
@@ -92,32 +100,31 @@ def _request(body: dict[str, Any], compress_above: int | None) -> tuple[bytes, d
 
 async def _clients(
     url: str, bodies: list[dict[str, Any]], clients: int, compress_above: int | None = None
-) -> tuple[float, int]:
+) -> tuple[float, ClientTally]:
+    """Answered requests/s (a failed request adds errors, not speed) and what the clients saw."""
     import httpx
 
     queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     for body in bodies:
         queue.put_nowait(body)
-    errors = 0
+    tally = ClientTally()
 
     async def client(http: httpx.AsyncClient) -> None:
-        nonlocal errors
         while not queue.empty():
             content, headers = _request(queue.get_nowait(), compress_above)
-            response = await http.post(f"{url}/v1/systemone", content=content, headers=headers, timeout=600)
-            errors += response.status_code != 200
+            await post_counted(http, f"{url}/v1/systemone", tally, content=content, headers=headers)
 
     limits = httpx.Limits(max_connections=clients)
     async with httpx.AsyncClient(limits=limits) as http:
-        await http.post(f"{url}/v1/systemone", json=bodies[0], timeout=600)  # warm-up
+        await post_counted(http, f"{url}/v1/systemone", None, json=bodies[0])  # warm-up
         start = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(clients)))
-        return len(bodies) / (time.perf_counter() - start), errors
+        return tally.rate(time.perf_counter() - start), tally
 
 
 def _server(
     model: Path, bodies: list[dict[str, Any]], clients: int, engine_flags: list[str], compress_above: int | None
-) -> tuple[float, int]:
+) -> tuple[float, ClientTally]:
     port = free_port()
     with (
         tempfile.TemporaryDirectory() as logs,
@@ -190,12 +197,13 @@ def run_serve_bench(
     stage("offline engine")
     result.offline_records_s = _offline(model, bodies, engine_kwargs)
     stage(f"clef-systemone, {clients} clients")
-    result.server_requests_s, result.server_errors = _server(model, bodies, clients, flags, compress_above)
+    result.server_requests_s, tally = _server(model, bodies, clients, flags, compress_above)
     stage("offline engine, batched")
     result.offline_batched_records_s = _offline(model, bodies, batched_kwargs)
     stage(f"clef-systemone, batched, {clients} clients")
-    result.server_batched_requests_s, batched_errors = _server(model, bodies, clients, batched_flags, compress_above)
-    result.server_errors += batched_errors
+    result.server_batched_requests_s, batched = _server(model, bodies, clients, batched_flags, compress_above)
+    result.server_errors = tally.errors + batched.errors
+    result.server_first_error = tally.first_error or batched.first_error
     stage("transformers reference")
     result.reference_records_s = _reference(model, bodies, "bfloat16", device)
     stage.done()
@@ -228,19 +236,24 @@ def render_markdown(result: ServeBenchResult, command: str, machine: str) -> str
         (f"clef-systemone `--no-batch-invariant`, {result.clients} clients", result.server_batched_requests_s),
         ("transformers reference, bf16, batch 8", result.reference_records_s),
     )
-    rows = [[name, f"{rate:.2f}", f"{rate * result.tokens / result.records:.0f}"] for name, rate in rates]
+    rows = [
+        [name, f"{rate:.2f}", f"{rate * result.tokens / result.records:.0f}"] if rate else [name, "—", "—"]
+        for name, rate in rates
+    ]
     ratios = [
-        ["server / offline", f"{result.server_over_offline:.3f}", ">= 0.95"],
-        ["invariant / batched, server", f"{result.invariant_over_batched_server:.3f}", "(cost of invariance)"],
-        ["invariant / batched, offline", f"{result.invariant_over_batched_offline:.3f}", "(cost of invariance)"],
-        ["plugin / reference", f"{result.plugin_over_reference:.2f}", ">= 3"],
+        ["server / offline", _shown(result.server_over_offline, ".3f"), ">= 0.95"],
+        ["invariant / batched, server", _shown(result.invariant_over_batched_server, ".3f"), "(cost of invariance)"],
+        ["invariant / batched, offline", _shown(result.invariant_over_batched_offline, ".3f"), "(cost of invariance)"],
+        ["plugin / reference", _shown(result.plugin_over_reference, ".2f"), ">= 3"],
     ]
     lines += [
         markdown_table(["side", "records/s", "tokens/s"], rows),
         "",
         markdown_table(["ratio", "value", "goal"], ratios),
         "",
-        f"Server errors: {result.server_errors}.",
+        f"Server errors: {result.server_errors} of {2 * result.records} requests"
+        + (f", the first: `{result.server_first_error}`" if result.server_first_error else "")
+        + ". Server rates count answered requests only.",
     ]
     if result.compress_above is not None:
         lines.append(
@@ -251,9 +264,13 @@ def render_markdown(result: ServeBenchResult, command: str, machine: str) -> str
     return "\n".join(lines) + "\n"
 
 
+def _shown(value: float, fmt: str) -> str:
+    return "—" if math.isnan(value) else format(value, fmt)
+
+
 def result_json(result: ServeBenchResult) -> str:
     data = {**result.__dict__, "server_over_offline": result.server_over_offline}
     data["invariant_over_batched_server"] = result.invariant_over_batched_server
     data["invariant_over_batched_offline"] = result.invariant_over_batched_offline
     data["plugin_over_reference"] = result.plugin_over_reference
-    return json.dumps(data, indent=2)
+    return json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in data.items()}, indent=2)

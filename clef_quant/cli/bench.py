@@ -319,7 +319,7 @@ def modes(
     from clef_quant.bench.environment import machine_name
     from clef_quant.bench.modes import MODES, ModesResult, run_modes
     from clef_quant.bench.modes_options import appended, release_and_modes
-    from clef_quant.bench.modes_report import write_report
+    from clef_quant.bench.modes_report import server_failures, write_report
     from clef_quant.bench.report_paths import check_report_out, json_beside
     from clef_quant.bench.workload import serving_requests
     from clef_vllm.encoder import Encoder
@@ -385,6 +385,8 @@ def modes(
             native_flags=_native_server_flags(enforce_eager, device.type == "cuda"),
             progress=progress,
         )
+    for line in server_failures(result):  # the report says so too; a run that only failed should not look done
+        typer.secho(f"warning: {line}", fg=typer.colors.YELLOW, err=True)
 
 
 def _native_server_flags(enforce_eager: bool, gpu: bool) -> list[str]:
