@@ -76,3 +76,30 @@ def test_each_profile_must_name_a_release_and_one_of_its_modes(tiny_dir: Path, t
         "error: --profile bf16:one-per-step: name one of the releases (bf16) and one of its modes"
     ]
     assert not out.exists()
+
+
+def test_a_profile_without_a_gpu_timeline_reports_no_gpu_idle_time(tmp_path: Path) -> None:
+    """An engine on a CPU writes a trace of CPU ops only: there is no kernel time to sum and no GPU that sat idle."""
+    events = [
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 3000.0},
+        {"cat": "user_annotation", "name": "execute_model", "ts": 0, "dur": 5000.0},
+    ]
+    trace = tmp_path / "rank0.pt.trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}), encoding="utf-8")
+    cpu = kernel_breakdown(trace, requests=1)
+    cpu.wall_ms = 9.0
+    gpu = kernel_breakdown(_trace(tmp_path / "gpu.json", {"nvjet_gemm": 4000.0}), requests=1)
+    gpu.wall_ms = 9.0
+    assert (cpu.gpu, gpu.gpu) == (False, True)
+    result = ModesResult(machine="m", versions="v", command="c", records=8, tokens=800, questions=3, max_model_len=4096)
+    result.runs = [
+        ModeRun("f", "bf16", "invariant", {}, 1.0, records_s=[2.0], breakdown=cpu),
+        ModeRun("f", "bf16", "batched", {}, 1.0, records_s=[3.0], breakdown=gpu),
+    ]
+
+    report = render_markdown(result)
+
+    cpu_section, gpu_section = report.split("## Where one request's time goes")[1:]
+    assert "(bf16, invariant)" in cpu_section and "idle" not in cpu_section.lower()
+    assert "CPU only" in cpu_section and "| wall time per request | 9.00 | 100% |" in cpu_section
+    assert "| GPU idle (scheduling, IPC, launch gaps) | 5.00 | 56% |" in gpu_section

@@ -26,9 +26,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import TypeAdapter, ValidationError
+
+from clef_quant.bench.errors import BenchError
 from clef_quant.bench.modes_servers import NATIVE, SYSTEMONE, ServerRun, serve_at_client_counts
 from clef_quant.bench.profile_trace import Breakdown, kernel_breakdown, newest_trace
+from clef_quant.documents import read_document
 from clef_quant.progress import Progress, Stages
+from clef_vllm.errors import first_validation_error
 from clef_vllm.invariance import BF16_GEMM_ENV
 from clef_vllm.request import DEFAULT_LIMITS, Limits
 
@@ -125,16 +130,15 @@ class ModesResult:
 
 
 def read_result(path: Path) -> ModesResult:
-    """A result that `run_modes` saved, to add more releases or modes to."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    runs = []
-    for run in data.pop("runs"):
-        for name in ("breakdown", "batch_breakdown"):
-            if run.get(name) is not None:
-                run[name] = Breakdown(**run[name])
-        runs.append(ModeRun(**run))
-    servers = [ServerRun(**server) for server in data.pop("servers")]
-    return ModesResult(**data, runs=runs, servers=servers)
+    """A result that `run_modes` saved, to add more releases or modes to; a file that does not parse or holds
+    something else is refused in one line naming it."""
+    data, _ = read_document(path, what="report", error=BenchError)
+    if not isinstance(data, dict):
+        raise BenchError(f"{path} is not a report of bench modes: its top level is not a JSON object")
+    try:
+        return TypeAdapter(ModesResult).validate_python(data)
+    except ValidationError as exc:
+        raise BenchError(f"{path} is not a report of bench modes: {first_validation_error(exc)}") from None
 
 
 def percentile(values: list[float], q: float) -> float:

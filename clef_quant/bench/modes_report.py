@@ -162,6 +162,11 @@ def server_failures(result: ModesResult) -> list[str]:
 
 
 def _breakdown_section(title: str, b: Breakdown) -> list[str]:
+    if not b.gpu:
+        rows = [["wall time per request", f"{b.wall_ms:.2f}", "100%"]]
+        table = markdown_table(["part", "ms per request", "share"], rows)
+        note = "CPU only: the trace has no GPU kernels to sum by part of the model"
+        return [f"## {title}", "", table, "", f"{note}; trace `{b.trace}`.", ""]
     rows = [[part, f"{ms:.2f}", f"{ms / b.wall_ms:.0%}" if b.wall_ms else ""] for part, ms in b.parts_ms.items()]
     rows.append(["GPU idle (scheduling, IPC, launch gaps)", f"{b.idle_ms:.2f}", f"{b.idle_ms / b.wall_ms:.0%}"])
     rows.append(["wall time per request", f"{b.wall_ms:.2f}", "100%"])
