@@ -258,8 +258,8 @@ def eager_engine_kwargs(
     try:
         overrides = (server_engine_overrides if server else engine_overrides)(engine_arg or [])
     except SettingsError as exc:
-        hint = "clef-systemone refuses it, and this command starts it with the same --engine-arg" if server else None
-        raise fail(str(exc), hint=hint) from None
+        why = "clef-systemone refuses it, and every engine this command starts, its servers too, gets --engine-arg"
+        raise fail(str(exc), hint=why if server else None) from None
     return {**({"enforce_eager": True} if enforce_eager else {}), **overrides}
 
 
