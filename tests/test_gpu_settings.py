@@ -41,14 +41,14 @@ def test_on_a_cpu_the_invariant_mode_runs_one_prompt_per_step():
 
 
 def test_nvfp4_releases_run_one_prompt_per_step_on_gpus_without_fp4_kernels(tiny_dir, quantized_dir):
-    from clef_vllm.invariance import KERNELS, ONE_PROMPT_PER_STEP, invariance_method
+    from clef_vllm.invariance import KERNELS, ONE_PROMPT_PER_STEP, SPLIT_FREE, invariance_method
 
     nvfp4, fp8 = quantized_dir("nvfp4"), quantized_dir("fp8-dynamic")
     hopper, blackwell = 9, 10
     assert invariance_method(True, nvfp4, capability=hopper) == ONE_PROMPT_PER_STEP
     assert invariance_method(True, nvfp4, capability=blackwell) == KERNELS
     for folder in (tiny_dir, fp8):
-        assert invariance_method(True, folder, capability=hopper) == KERNELS
+        assert invariance_method(True, folder, capability=hopper) == SPLIT_FREE
     assert invariance_method(False, fp8) == ONE_PROMPT_PER_STEP
 
 
@@ -172,7 +172,7 @@ def test_vllm_serve_in_batch_invariant_mode_gets_whole_prompts_or_a_clear_refusa
         ClefFlashConfig.verify_and_update_config(fits)
         assert fits.scheduler_config.enable_chunked_prefill is False
         assert fits.cache_config.enable_prefix_caching is False
-        with pytest.raises(SettingsError, match="needs whole prompts in a step"):
+        with pytest.raises(SettingsError, match="need whole prompts in a step"):
             ClefFlashConfig.verify_and_update_config(_vllm_config(chunked=True, budget=2048, length=4096))
     finally:
         set_invariant_kernels(False)
@@ -190,3 +190,38 @@ def test_the_clef_model_lifts_vllms_refusal_of_gdn_layers_in_batch_invariant_mod
     assert GDNAttentionBackend.supports_batch_invariance() is False  # vLLM 0.32's own answer
     accept_gdn_layers()
     assert GDNAttentionBackend.supports_batch_invariance() is True
+
+
+def test_the_split_free_method_batches_whole_prompts_and_is_chosen_by_name(tiny_dir, monkeypatch):
+    from clef_vllm.engine import schedule_args
+    from clef_vllm.invariance import GPU_METHOD_ENV, KERNELS, SPLIT_FREE, invariance_method
+
+    # Scheduled exactly as vLLM's batch-invariant mode is: several whole prompts per step, none split.
+    assert schedule_args(max_model_len=4096, method=SPLIT_FREE) == schedule_args(max_model_len=4096, method=KERNELS)
+    monkeypatch.setenv(GPU_METHOD_ENV, "split-free")
+    assert invariance_method(True, tiny_dir, capability=9) == SPLIT_FREE
+    assert invariance_method(False, tiny_dir) != SPLIT_FREE  # a CPU keeps one prompt per step
+    monkeypatch.setenv(GPU_METHOD_ENV, "vllm")
+    assert invariance_method(True, tiny_dir, capability=9) == KERNELS
+    monkeypatch.setenv(GPU_METHOD_ENV, "fast")
+    with pytest.raises(SettingsError, match="the choices are split-free, vllm"):
+        invariance_method(True, tiny_dir, capability=9)
+
+
+def test_an_engine_started_split_free_gets_cublas_without_split_k_and_the_next_one_gets_the_environment_back(
+    tiny_dir, monkeypatch
+):
+    import clef_vllm.engine as engine_module
+    from clef_vllm.invariance import GPU_METHOD_ENV, NO_SPLIT_K_ENV, SPLIT_FREE_ENV
+
+    monkeypatch.setenv(GPU_METHOD_ENV, "split-free")
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
+    # As on a GPU machine: the engine module asks whether it runs on one.
+    monkeypatch.setattr(engine_module, "uses_gpu", lambda: True)
+    engine_module.prepare_engine_process(True, tiny_dir, {})
+    assert os.environ[SPLIT_FREE_ENV] == "1" and os.environ["VLLM_BATCH_INVARIANT"] == "0"
+    assert {name: os.environ[name] for name in NO_SPLIT_K_ENV} == NO_SPLIT_K_ENV
+    engine_module.prepare_engine_process(False, tiny_dir, {})  # a batched engine after it
+    assert os.environ[SPLIT_FREE_ENV] == "0"
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and "CUBLASLT_WORKSPACE_SIZE" not in os.environ

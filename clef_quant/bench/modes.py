@@ -31,10 +31,11 @@ from pydantic import TypeAdapter, ValidationError
 from clef_quant.bench.errors import BenchError
 from clef_quant.bench.modes_servers import NATIVE, SYSTEMONE, ServerRun, serve_at_client_counts
 from clef_quant.bench.profile_trace import Breakdown, kernel_breakdown, newest_trace
+from clef_quant.bench.workload import mixed_length_requests
 from clef_quant.documents import read_document
 from clef_quant.progress import Progress, Stages
 from clef_vllm.errors import first_validation_error
-from clef_vllm.invariance import BF16_GEMM_ENV
+from clef_vllm.invariance import BF16_GEMM_ENV, GPU_METHOD_ENV
 from clef_vllm.request import DEFAULT_LIMITS, Limits
 
 if TYPE_CHECKING:
@@ -61,6 +62,20 @@ MODES = {
     mode.name: mode
     for mode in (
         Mode("invariant", True, {}, "the default: answers independent of load"),
+        Mode(
+            "invariant-vllm",
+            True,
+            {},
+            "invariant through vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1, GDN layers accepted)",
+            env={GPU_METHOD_ENV: "vllm"},
+        ),
+        Mode(
+            "invariant-split-free",
+            True,
+            {},
+            "invariant through vLLM's own kernels with cuBLAS split-K and FlashAttention KV splits off",
+            env={GPU_METHOD_ENV: "split-free"},
+        ),
         Mode(
             "invariant-triton",
             True,
@@ -102,6 +117,9 @@ class ModeRun:
     probes: int = 0
     alone_identical: int = 0
     alone_max_dp: float = 0.0
+    mixed_checked: int = 0  # answers compared inside batches of random sizes and mixed lengths
+    mixed_identical: int = 0
+    mixed_max_dp: float = 0.0
     repeats_identical: bool = True
     repeats_max_dp: float = 0.0
     latency_ms: list[float] = field(default_factory=list)
@@ -167,8 +185,10 @@ def measure_engine(
     latency_requests: int,
     profile_dir: Path | None,
     save: Callable[[], None],
+    mixed: list[Any] | None = None,
 ) -> None:
-    """Steps 1-4 of the module docstring on one started engine, saving after each."""
+    """Steps 1-4 of the module docstring on one started engine, saving after each; `mixed` (encodings of mixed
+    lengths) adds the check of answers inside batches of random sizes and mixed lengths."""
     tokens = sum(e.num_tokens for e in encodings)
     engine.logits(encodings[:8])  # warm-up: lazy setup and the first compile of each shape stay out of the timing
     batches = []
@@ -187,6 +207,9 @@ def measure_engine(
     run.probes = len(alone)
     run.alone_identical, run.alone_max_dp = compare(alone, batches[0][:probes])
     save()
+    if mixed:
+        check_mixed_batches(engine, encodings, alone, mixed, run)
+        save()
     for encoding in encodings[:latency_requests]:
         start = time.perf_counter()
         engine.logits([encoding])
@@ -197,6 +220,35 @@ def measure_engine(
         save()
         run.batch_breakdown = profiled_calls(engine, [encodings], profile_dir)
         save()
+
+
+MIXED_ROUNDS = 3
+
+
+def check_mixed_batches(
+    engine: Any, encodings: list[Any], alone: list[torch.Tensor], mixed: list[Any], run: ModeRun, seed: int = 0
+) -> None:
+    """Each of `MIXED_ROUNDS` batches holds every mixed-length prompt and a random number of the workload's, in a
+    random order; each answer whose request was also scored alone (`alone`: the first workload requests) is
+    compared with that."""
+    import random
+
+    rng = random.Random(seed)
+    mixed_alone = [engine.logits([encoding])[0] for encoding in mixed]
+    got: list[torch.Tensor] = []
+    expected: list[torch.Tensor] = []
+    for _ in range(MIXED_ROUNDS):
+        members = [("workload", index) for index in rng.sample(range(len(encodings)), rng.randint(1, len(encodings)))]
+        members += [("mixed", index) for index in range(len(mixed))]
+        rng.shuffle(members)
+        answers = engine.logits([encodings[i] if kind == "workload" else mixed[i] for kind, i in members])
+        for (kind, index), answer in zip(members, answers, strict=True):
+            reference = mixed_alone[index] if kind == "mixed" else (alone[index] if index < len(alone) else None)
+            if reference is not None:
+                got.append(answer)
+                expected.append(reference)
+    run.mixed_checked = len(got)
+    run.mixed_identical, run.mixed_max_dp = compare(got, expected)
 
 
 def profiled_calls(engine: Any, calls: list[list[Any]], trace_dir: Path) -> Breakdown:
@@ -316,6 +368,7 @@ def run_modes(
     stage = Stages(progress)
     encoder = Encoder(releases[0][1], max_length=result.max_model_len)
     encodings = [encoder.encode(parse_request(body)) for body in bodies]
+    mixed = [encoder.encode(parse_request(body)) for body in mixed_length_requests()]
     for scheme, folder, modes in releases:
         for mode in modes:
             stage(f"{scheme}, {mode.name}")
@@ -341,6 +394,7 @@ def run_modes(
                         latency_requests=latency_requests,
                         profile_dir=trace_dir if profiled else None,
                         save=save,
+                        mixed=mixed,
                     )
             except Exception as exc:  # one mode that cannot run on this machine is a result, not the end of the run
                 run.error = failure_line(exc)

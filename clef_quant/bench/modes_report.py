@@ -15,6 +15,12 @@ def _rate(run: ModeRun) -> str:
     return f"{run.best_records_s:.1f}" if run.records_s else "n/a"
 
 
+def _mixed(run: ModeRun) -> str:
+    if not run.mixed_checked:
+        return ""
+    return f"{run.mixed_identical}/{run.mixed_checked} (max dp {run.mixed_max_dp:.2g})"
+
+
 def _batched_peer(result: ModesResult, run: ModeRun) -> ModeRun | None:
     return next(
         (r for r in result.runs if r.scheme == run.scheme and r.mode == "batched" and r.records_s and r is not run),
@@ -47,7 +53,7 @@ def render_markdown(result: ModesResult) -> str:
     rows = []
     for run in result.runs:
         if run.error:
-            rows.append([run.scheme, run.mode, "failed", "", "", "", "", run.error])
+            rows.append([run.scheme, run.mode, "failed", "", "", "", "", "", run.error])
             continue
         peer = _batched_peer(result, run)
         ratio = f"{run.best_records_s / peer.best_records_s:.2f}" if peer else ""
@@ -59,6 +65,7 @@ def render_markdown(result: ModesResult) -> str:
                 f"{max(run.tokens_s, default=0):,.0f}",
                 ratio,
                 f"{run.alone_identical}/{run.probes} (max dp {run.alone_max_dp:.2g})",
+                _mixed(run),
                 "yes" if run.repeats_identical else f"no (max dp {run.repeats_max_dp:.2g})",
                 f"{run.start_s:.0f}",
             ]
@@ -70,10 +77,11 @@ def render_markdown(result: ModesResult) -> str:
         "tokens/s",
         "vs batched",
         "alone = in the batch",
+        "alone = in mixed batches",
         "batch = batch again",
         "engine start s",
     ]
-    lines += [markdown_table(header, rows, "llrrrrrr"), ""]
+    lines += [markdown_table(header, rows, "llrrrrrrr"), ""]
     lines += ["## One request at a time (offline engine)", ""]
     latency = [
         [run.scheme, run.mode, f"{median(run.latency_ms):.1f}", f"{percentile(run.latency_ms, 0.95):.1f}"]

@@ -127,8 +127,9 @@ MIXED_STATE_WORDS = (1, 5, 20, 60, 150, 600, 100_000)
 
 
 def mixed_length_requests(seed: int = 1) -> list[dict[str, Any]]:
-    """One request per `MIXED_STATE_WORDS` length, with the serving requests' three questions: prompts from a few
-    dozen tokens to the longest the model allows, for checking answers inside batches of mixed lengths."""
+    """One request per `MIXED_STATE_WORDS` length, with the serving requests' three questions: prompts from the
+    questions alone (about 500 tokens) to the longest the model allows, for checking answers inside batches of
+    mixed lengths."""
     requests = []
     for index, words in enumerate(MIXED_STATE_WORDS):
         request = serving_requests(1, seed=seed + index, state_words=words)[0]
