@@ -6,38 +6,29 @@ A row of the engine's output can change with the rest of its step in three ways:
    that tile by the row count);
 3. a padded batch in the head (the pooler runs the head one prompt at a time, so this never happens here).
 
-On a GPU, vLLM's batch-invariant mode (`VLLM_BATCH_INVARIANT=1`) covers 2: on Hopper it turns cuBLAS split-K
-off, runs FlashAttention with one KV split and routes softmax, `bmm` and `mean` through fixed-order kernels.
-vLLM 0.32 refuses that mode for Gated DeltaNet layers ("not supported for GDN_ATTN") because a decode step
-reads state that an earlier, differently batched step wrote. A Clef engine never decodes: each prompt is
-prefilled whole, from a zero state, by kernels that walk each sequence on its own (`cu_seqlens`), so the
-refusal does not apply and `accept_gdn_layers` lifts it for the Clef model only. With chunked prefill off (1),
-prompts share a step without changing each other's bits, and the engine keeps vLLM's batching.
+On a GPU every method turns chunked prefill off and lets several whole prompts share a step (1). For 2:
 
-vLLM's mode also sends every bf16 linear layer through its own persistent Triton matmul. On Hopper and newer,
-cuBLAS without split-K (which the mode already forces through the cuBLAS workspace settings) keeps a row's
-reduction order too, and is faster: on an H200 (bench/results/serve-h200.md) both gave every request the bits it
-got alone inside a 64-request batch, at 25.5 records/s with cuBLAS against 20.2 with the Triton matmul (25.3
-batched). So bf16 linears keep cuBLAS there; `CLEF_INVARIANT_BF16_GEMM=triton` asks for vLLM's matmul (single
-requests were faster with it: 75 ms p50 against 124). Before Hopper, vLLM's matmul is the only invariant one.
-FP8_DYNAMIC releases do pay for the mode there (bench/results/serve-h200-fp8.md): 20.4 records/s against 35.8
-batched, one request 60 ms p50 against 49; where that time goes is still to be profiled (`bench modes --profile`).
+- `SPLIT_FREE`, the default: vLLM's own fast kernels (CUTLASS FP8 with torch.compile's fused RMSNorm and per-token
+  quantization, FlashAttention, the Triton Gated DeltaNet kernels), with only the reductions whose order follows
+  the step's size removed: cuBLAS split-K (a one-byte cuBLASLt workspace, reduced-precision reductions off) and
+  FlashAttention's KV splits (one split, no ahead-of-time schedule). The other kernels of a whole-prompt prefill
+  reduce within one token's row or walk one sequence (`cu_seqlens`). Measured on an H100
+  (bench/results/serve-h100.md): every request got the bits it got alone, inside a 64-request batch (16/16) and
+  inside batches of random sizes holding prompts of 500 to 4,096 tokens (42/42), in FP8 and bf16, at the speed of
+  free batching (FP8 34.1 against 33.7 records/s batched; bf16 25.4 against 25.3).
+- `KERNELS` (`CLEF_GPU_INVARIANCE=vllm`): vLLM's batch-invariant mode (`VLLM_BATCH_INVARIANT=1`), which also routes
+  RMSNorm, softmax, `bmm` and `mean` through fixed-order kernels and breaks torch.compile's fusion of the FP8
+  per-token quantization: FP8 at 16.1 records/s on the same H100 (0.48 of batched), one request 73.5 ms p50 against
+  45.5 split-free. vLLM 0.32 refuses that mode for Gated DeltaNet layers ("not supported for GDN_ATTN") because a
+  decode step reads state an earlier, differently batched step wrote; a Clef engine never decodes (each prompt is
+  prefilled whole, from a zero state), so `accept_gdn_layers` lifts the refusal for the Clef model only. bf16
+  linears keep cuBLAS without split-K there on Hopper and newer (`CLEF_INVARIANT_BF16_GEMM=triton` asks for
+  vLLM's Triton matmul). Releases with FP4 weights on Blackwell keep this mode: it has a batch-invariant NVFP4
+  kernel, and the FP4 GEMMs the split-free method would keep are not measured yet.
 
-Where vLLM has no batch-invariant kernel for a layer, the mode cannot run: on GPUs without FP4 tensor cores
-(before Blackwell), vLLM's batch-invariant mode offers no NVFP4 kernel ("EmulationNvFp4LinearKernel does not
-support W4A16"; Marlin splits K by the problem size). NVFP4 and NVFP4A16 releases there run one whole prompt per
-step instead, as on a CPU.
-
-On a CPU there is no such mode: oneDNN's bf16 GEMMs round a row differently with the number of rows in the call.
-There, invariance means one whole prompt per step (`ONE_PROMPT_PER_STEP`), at the cost of batching.
-
-vLLM's mode replaces more than a prefill-only engine needs, and FP8 pays for it. `SPLIT_FREE` keeps vLLM's own
-fast kernels (CUTLASS FP8 with torch.compile's fused RMSNorm and per-token quantization, FlashAttention, the
-Triton Gated DeltaNet kernels) and removes only the reductions whose order follows the step's size: cuBLAS
-split-K (a one-byte cuBLASLt workspace, reduced-precision reductions off) and FlashAttention's KV splits (one
-split, no ahead-of-time schedule). Every other kernel of a whole-prompt prefill reduces within one token's row or
-walks one sequence (`cu_seqlens`). `CLEF_GPU_INVARIANCE=split-free` chooses it, `vllm` (the default) keeps vLLM's
-mode; `clef-quant bench modes` reports each one's bits alone, in a batch and in mixed batches, and its speed.
+Before Blackwell there is no FP4 tensor core and Marlin splits K by the problem size, so NVFP4 and NVFP4A16
+releases run one whole prompt per step (`ONE_PROMPT_PER_STEP`), as on a CPU, where oneDNN's bf16 GEMMs round a
+row differently with the number of rows in the call.
 """
 
 from __future__ import annotations
