@@ -161,12 +161,14 @@ def _vllm_config(*, chunked: bool, budget: int, length: int) -> SimpleNamespace:
     )
 
 
-def test_vllm_serve_in_batch_invariant_mode_gets_whole_prompts_or_a_clear_refusal(monkeypatch):
-    from clef_vllm.invariance import set_invariant_kernels
+@pytest.mark.parametrize("method", ["split-free", "vllm"])
+def test_vllm_serve_in_an_invariant_mode_gets_whole_prompts_or_a_clear_refusal(method):
+    from clef_vllm.invariance import set_invariant_kernels, set_split_free_kernels
     from clef_vllm.vllm_model import ClefFlashConfig
 
-    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
-    set_invariant_kernels(True)
+    # What `CLEF_SPLIT_FREE=1 vllm serve ...` or `VLLM_BATCH_INVARIANT=1 vllm serve ...` puts in the environment.
+    set_on = set_split_free_kernels if method == "split-free" else set_invariant_kernels
+    set_on(True)
     try:
         fits = _vllm_config(chunked=True, budget=16384, length=4096)
         ClefFlashConfig.verify_and_update_config(fits)
@@ -175,7 +177,7 @@ def test_vllm_serve_in_batch_invariant_mode_gets_whole_prompts_or_a_clear_refusa
         with pytest.raises(SettingsError, match="need whole prompts in a step"):
             ClefFlashConfig.verify_and_update_config(_vllm_config(chunked=True, budget=2048, length=4096))
     finally:
-        set_invariant_kernels(False)
+        set_on(False)
     untouched = _vllm_config(chunked=True, budget=2048, length=4096)
     ClefFlashConfig.verify_and_update_config(untouched)
     assert untouched.scheduler_config.enable_chunked_prefill is True
