@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,12 @@ LONG_INPUTS: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
+# Two long states in flight at once, each over any model length: a small request queued behind both waits for
+# the engine's steps, not the reading (one whole prompt per step on a CPU).
+TWO_STATES = "two states of 11 MB prose at once"
+TWO_STATES_BYTES = 11_000_000
+
+
 def encode_body(body: dict[str, Any]) -> bytes:
     """Bytes as a client sends them: UTF-8 as it is (escaped CJK would triple the body)."""
     return json.dumps(body, ensure_ascii=False).encode()
@@ -98,8 +105,11 @@ def small_latencies(url: str, count: int) -> list[float]:
     return seconds
 
 
-def behind(url: str, name: str, body: bytes, *, clients: int = 4, request_id: str | None = None) -> Behind:
-    """Send `body` once while `clients` threads send the small request until its answer is back."""
+def behind(
+    url: str, name: str, body: bytes, *, clients: int = 4, request_id: str | None = None, copies: int = 1
+) -> Behind:
+    """Send `body` (`copies` times at once) while `clients` threads send the small request until every answer is
+    back; the row keeps the first copy's status and headers and the slowest copy's time."""
     done = threading.Event()
     lock = threading.Lock()
     result = Behind(name, len(body), 0, 0.0, {})
@@ -121,7 +131,14 @@ def behind(url: str, name: str, body: bytes, *, clients: int = 4, request_id: st
     headers = {"Content-Type": "application/json", **({"X-Request-Id": request_id} if request_id else {})}
     started = time.perf_counter()
     try:
-        response = httpx.post(f"{url}/v1/systemone", content=body, headers=headers, timeout=600)
+        with ThreadPoolExecutor(copies) as pool:
+            responses = list(
+                pool.map(
+                    lambda _: httpx.post(f"{url}/v1/systemone", content=body, headers=headers, timeout=600),
+                    range(copies),
+                )
+            )
+        response = responses[0]
         result.seconds = time.perf_counter() - started
         result.status = response.status_code
         result.headers = dict(response.headers)
@@ -170,6 +187,7 @@ def run_long_inputs_bench(
     *,
     max_model_len: int = 4096,
     clients: int = 4,
+    engine_arg: list[str] | None = None,
     progress: Progress | None = None,
 ) -> LongInputsResult:
     from clef_vllm.encoder import load_tokenizer
@@ -178,6 +196,7 @@ def run_long_inputs_bench(
     tokenizer = load_tokenizer(model)
     port = free_port()
     flags = ["--max-model-len", str(max_model_len), "--enforce-eager", "--max-num-batched-tokens", "65536"]
+    flags += [word for item in engine_arg or [] for word in ("--engine-arg", item)]
     load = load_average()
     with (
         tempfile.TemporaryDirectory() as logs,
@@ -194,6 +213,11 @@ def run_long_inputs_bench(
             row = behind(url, name, encode_body(body), clients=clients)
             row.tokenizer_calls = tokenizer_calls(tokenizer, body, max_model_len)
             rows.append(row)
+        stage(TWO_STATES)
+        state = _state(PROSE * (TWO_STATES_BYTES // len(PROSE)))
+        row = behind(url, TWO_STATES, encode_body(state), clients=clients, copies=2)
+        row.tokenizer_calls = tokenizer_calls(tokenizer, state, max_model_len)
+        rows.append(row)
     stage.done()
     return LongInputsResult(str(model), max_model_len, clients, idle, rows, load)
 
