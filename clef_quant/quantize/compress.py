@@ -15,6 +15,7 @@ from clef_quant.quantize import task_names as tasks
 from clef_quant.quantize.cpu_compat import no_pinned_memory_without_accelerator, one_rank_is_not_distributed
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.fused_scales import fused_global_scales
+from clef_quant.quantize.source_shards import backbone_read_errors
 
 
 def backbone_class(source_config: dict[str, Any]) -> Any:
@@ -38,9 +39,10 @@ def load_model(source_dir: Path, source_config: dict[str, Any], device: str) -> 
     model_class = backbone_class(source_config)
     # The release is bf16 and serving runs bf16; the GPU path loads straight onto the device, as plain
     # llm-compressor does, so FP8_DYNAMIC computes its scales there.
-    model = model_class.from_pretrained(
-        source_dir, dtype=torch.bfloat16, device_map=device if device != "cpu" else None
-    )
+    with backbone_read_errors(source_dir):  # the shards' headers passed; a read can still fail
+        model = model_class.from_pretrained(
+            source_dir, dtype=torch.bfloat16, device_map=device if device != "cpu" else None
+        )
     model.eval()
     _linearize_experts(model)
     return model

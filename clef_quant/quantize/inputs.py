@@ -1,5 +1,6 @@
-"""What `quantize` checks before any model loads: the source, the scheme or recipe, the output folder, the
-head, the calibration file and the device, so input to fix fails in seconds rather than after a 20 GB load."""
+"""What `quantize` checks before any model loads: the source (its config and its shards' headers), the scheme or
+recipe, the output folder, the head, the calibration file and the device, so input to fix fails in seconds rather
+than after a 20 GB load."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from clef_quant.quantize.calibration import check_calibration_settings, read_req
 from clef_quant.quantize.contents import head_prefix_of
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, check_recipe_choice, load_recipe
+from clef_quant.quantize.source_shards import ShardedSource, sharded_source
 from clef_quant.release import resolve_release
 from clef_quant.release_folder.outputs import check_output
 from clef_vllm.head_files import find_head_dir
@@ -28,6 +30,7 @@ class CheckedInputs:
     source_config: dict[str, Any]
     recipe: Recipe
     head_dir: Path
+    shards: ShardedSource  # every header checked against its file, every indexed name found in its shard
 
 
 def bf16_source_config(source_dir: Path, verb: str) -> dict[str, Any]:
@@ -65,11 +68,12 @@ def check_inputs(config: QuantizeConfig) -> CheckedInputs:
         recipe = load_recipe(config.scheme, config.recipe_file, source_config)
     head_dir = find_head_dir(source_dir)
     head_prefix_of(source_dir, head_dir)
+    shards = sharded_source(source_dir)  # headers only: a cut or mis-indexed shard fails here, on either path
     if config.calibration_file is not None:
         read_request_bodies(Path(config.calibration_file))  # a broken file fails now, not after loading
     check_calibration_settings(config.calibration_records, config.max_seq_len)
     check_device(config.device)  # imports torch only for a CUDA device
-    return CheckedInputs(source_dir, source_config, recipe, head_dir)
+    return CheckedInputs(source_dir, source_config, recipe, head_dir, shards)
 
 
 def check_device(device: str) -> str:

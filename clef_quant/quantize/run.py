@@ -1,13 +1,13 @@
 """`quantize`: a Clef release folder in, a quantized release folder out, complete or not at all.
 
-The sequence: resolve the source and check everything that can be checked without the model (scheme, recipe,
-output folder, head, calibration file); encode the calibration requests (NVFP4 family); load the backbone;
-resolve the recipe against its Linear modules and refuse a plan that touches the keep-list or splits a fused
-group; run llm-compressor's `oneshot` with the qkv/z pair added to its fused-scale groups; save the compressed backbone
-into `DIR.partial` with a weights index naming only its shards; copy what the allowlist of `contents` names (head
-at the root, tokenizer, processor, chat template, generation config, licences, the source card,
-`joint_schema_model.py`) and nothing else, without `auto_map` keys; write the manifest last; then every file is set
-to 0644 and `DIR.partial` renamed to `DIR`.
+The sequence: resolve the source and check everything that can be checked without the model (scheme, recipe, output
+folder, head, the backbone shards' headers and index, calibration file); encode the calibration requests (NVFP4
+family); load the backbone; resolve the recipe against its Linear modules and refuse a plan that touches the
+keep-list or splits a fused group; run llm-compressor's `oneshot` with the qkv/z pair added to its fused-scale
+groups; save the compressed backbone into `DIR.partial` with a weights index naming only its shards; copy what the
+allowlist of `contents` names (head at the root, tokenizer, processor, chat template, generation config, licences,
+the source card, `joint_schema_model.py`) and nothing else, without `auto_map` keys; write the manifest last; then
+every file is set to 0644 and `DIR.partial` renamed to `DIR`.
 
 Data-free schemes (`streaming: true` in their recipe's front matter, or any data-free recipe with
 `streaming=True`) take the streaming path instead of loading, calibrating and saving: the same plan made on the
@@ -17,7 +17,8 @@ after the backbone (copy, manifest, publish) is the same for both paths.
 The output is written through `release_folder.staged_folder`: any failure, Ctrl-C or SIGTERM removes
 `DIR.partial`, so an interrupted run leaves neither folder, and a `.partial` another live run writes is never
 touched. (SIGKILL cannot be caught: its leftover `DIR.partial` is removed by the next run, once its writer is
-provably gone; see `release_folder.writer`.)
+provably gone; see `release_folder.writer`.) A write that fails (a full disk) is one line naming the file
+(`output_errors`).
 
 `on_stage` is told each stage as the run reaches it (`STAGES`), in the process and thread of the run; a caller
 can log, measure, or hold the run there.
@@ -41,9 +42,11 @@ from clef_quant.quantize.contents import ReleaseContents, plan_contents
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inputs import check_inputs
 from clef_quant.quantize.measure import peak_gpu_bytes, peak_host_bytes, timed
+from clef_quant.quantize.output_errors import output_write_errors
 from clef_quant.quantize.plan import QuantPlan, parse_recipe, plan_quantization, recipe_needs_calibration
 from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, scheme_recipe_path
 from clef_quant.quantize.release_files import backbone_bytes, copy_release_files
+from clef_quant.quantize.source_shards import ShardedSource
 from clef_quant.quantize.streaming import (
     NotStreamable,
     StreamingPlan,
@@ -113,6 +116,7 @@ class _Job:
     source_dir: Path
     source_config: dict[str, Any]
     recipe: Recipe
+    shards: ShardedSource
     contents: ReleaseContents
     out: Path
     progress: Progress
@@ -134,6 +138,7 @@ def quantize(
         source_dir=inputs.source_dir,
         source_config=inputs.source_config,
         recipe=inputs.recipe,
+        shards=inputs.shards,
         contents=plan_contents(inputs.source_dir, inputs.head_dir, config.include),
         out=out,
         progress=progress or NoProgress(),
@@ -141,7 +146,7 @@ def quantize(
         on_stage=on_stage or (lambda _stage: None),
     )
     job.on_stage("checked")
-    with staged_folder(out, command="quantize", overwrite=config.overwrite) as partial:
+    with output_write_errors(out), staged_folder(out, command="quantize", overwrite=config.overwrite) as partial:
         job.on_stage("claimed")
         result = _run(job, partial)
     job.on_stage("published")
@@ -279,7 +284,7 @@ def _streaming_plan(job: _Job, recipe_obj: Any, notes: list[str]) -> StreamingPl
     if wanted is False or (wanted is None and job.recipe.scheme not in registry.schemes().streaming_default()):
         return None
     try:
-        return plan_streaming(job.source_dir, job.source_config, recipe_obj)
+        return plan_streaming(job.source_dir, job.source_config, recipe_obj, job.shards)
     except NotStreamable as exc:
         if wanted:
             raise QuantizeError(f"--streaming: this cannot be quantized without loading the model: {exc}") from None

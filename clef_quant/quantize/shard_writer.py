@@ -16,6 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from clef_quant.quantize.output_errors import shard_write_error
+
 # The hash buffer is resident for the whole run: at 64 MiB it was most of what streaming a small model added to
 # memory. sha256 reads as fast from 4 MiB chunks, and a cancelled hash stops within one.
 CHUNK_BYTES = 4 * 2**20
@@ -70,12 +72,16 @@ class HashingShardWriter:
         self._hasher.shutdown(wait=True)
 
     def _write(self, name: str, tensors: dict[str, Any], metadata: dict[str, str] | None) -> None:
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         if self._cancelled:
             raise WriteCancelled(name)
         path = self.folder / name
-        save_file(tensors, path, metadata=metadata)
+        try:
+            save_file(tensors, path, metadata=metadata)
+        except SafetensorError as exc:  # a full disk, in safetensors' words and without the file's name
+            raise shard_write_error(exc, path) from exc
         tensors.clear()  # the caller dropped its reference: this frees the shard now, not when the job is gone
         self._hashes[name] = self._hasher.submit(self._hash, path)
 

@@ -36,13 +36,11 @@ from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.plan import QuantPlan, plan_quantization, recipe_needs_calibration
 from clef_quant.quantize.schemes import BF16, scheme_label
 from clef_quant.quantize.shard_writer import HashingShardWriter
+from clef_quant.quantize.source_shards import INDEX_FILE, SINGLE_SHARD, ShardedSource, shard_read_errors, sharded_source
 
 # The schemes that take the streaming path unless --no-streaming are those whose front matter says
 # `streaming: true` (registry.py): the ones whose output is bit-identical to the oneshot path's
 # (tests/test_quantize_streaming.py checks each on the tiny and small checkpoints).
-
-SINGLE_SHARD = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 
 
 class NotStreamable(QuantizeError):
@@ -73,36 +71,6 @@ def streaming_problem(recipe_obj: Any) -> str | None:
     return None
 
 
-@dataclass
-class ShardedSource:
-    """The backbone's safetensors shards of a source folder and which shard holds each tensor."""
-
-    shards: dict[str, Path]  # shard file name -> path
-    weight_map: dict[str, str]  # tensor name -> shard file name
-
-
-def sharded_source(source_dir: Path) -> ShardedSource:
-    """The shards the index names (or the single `model.safetensors`); the head's files are not among them."""
-    from safetensors import safe_open
-
-    index = source_dir / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise QuantizeError(f"{index} is not a safetensors index (no weight_map)") from None
-    elif (source_dir / SINGLE_SHARD).is_file():
-        with safe_open(source_dir / SINGLE_SHARD, framework="pt") as handle:
-            weight_map = dict.fromkeys(handle.keys(), SINGLE_SHARD)
-    else:
-        raise QuantizeError(f"{source_dir} has neither {INDEX_FILE} nor {SINGLE_SHARD}")
-    shards = {name: source_dir / name for name in sorted(set(weight_map.values()))}
-    missing = [name for name, path in shards.items() if not path.is_file()]
-    if missing:
-        raise QuantizeError(f"{INDEX_FILE} names shard(s) missing from {source_dir}: {', '.join(missing)}")
-    return ShardedSource(shards=shards, weight_map=weight_map)
-
-
 def meta_model(source_dir: Path, source_config: dict[str, Any]) -> Any:
     """The backbone's module tree on the meta device: names, classes and shapes, no weights."""
     import torch
@@ -123,15 +91,17 @@ class StreamingPlan:
     left_out: list[str] = field(default_factory=list)  # checkpoint tensors the model does not have
 
 
-def plan_streaming(source_dir: Path, source_config: dict[str, Any], recipe_obj: Any) -> StreamingPlan:
-    """Resolve the recipe against the meta model and the checkpoint's tensors; NotStreamable when streaming
-    would not give exactly what oneshot gives."""
+def plan_streaming(
+    source_dir: Path, source_config: dict[str, Any], recipe_obj: Any, source: ShardedSource | None = None
+) -> StreamingPlan:
+    """Resolve the recipe against the meta model and the checkpoint's tensors (`source`, checked already, or read
+    here); NotStreamable when streaming would not give exactly what oneshot gives."""
     import torch
 
     problem = streaming_problem(recipe_obj)
     if problem is not None:
         raise NotStreamable(problem)
-    source = sharded_source(source_dir)
+    source = source or sharded_source(source_dir)
     model = meta_model(source_dir, source_config)
     plan = plan_quantization(model, recipe_obj)
 
@@ -210,7 +180,6 @@ def stream_quantize(
     """Write the quantized shards, their index and config.json into `partial`; returns the shards' manifest
     entries (sha256 and size, computed while writing)."""
     import torch
-    from compressed_tensors.utils.safetensors_load import load_tensors_from_inverse_weight_map
     from llmcompressor.entrypoints.model_free.converter import ModelFreePtqConverter
 
     from clef_quant.quantize.fused_scales import model_free_fused_global_scales
@@ -226,11 +195,11 @@ def stream_quantize(
     jobs = list(splan.jobs.items())
     try:
         with model_free_fused_global_scales():
-            loading = reader.submit(load_tensors_from_inverse_weight_map, jobs[0][1], target) if jobs else None
+            loading = reader.submit(_read_shard_job, jobs[0][1], target) if jobs else None
             for position, (shard, _inverse_map) in enumerate(jobs):
                 tensors = loading.result()
                 if position + 1 < len(jobs):
-                    loading = reader.submit(load_tensors_from_inverse_weight_map, jobs[position + 1][1], target)
+                    loading = reader.submit(_read_shard_job, jobs[position + 1][1], target)
                 tensors = {name: tensor.contiguous() for name, tensor in converter.process(tensors).items()}
                 total_size += sum(tensor.nbytes for tensor in tensors.values())
                 weight_map.update(dict.fromkeys(tensors, shard))
@@ -250,6 +219,18 @@ def stream_quantize(
         (partial / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     _write_config(source_dir, partial, splan, converter)
     return entries
+
+
+def _read_shard_job(inverse_map: dict[str, list[str] | None], device: Any) -> dict[str, Any]:
+    """The tensors one output shard is made of, read file by file so that a failure names its file (the checks of
+    `source_shards` passed, but a file can change or fail to read after them)."""
+    from compressed_tensors.utils.safetensors_load import load_tensors_from_inverse_weight_map
+
+    tensors: dict[str, Any] = {}
+    for file, names in inverse_map.items():
+        with shard_read_errors(file):
+            tensors.update(load_tensors_from_inverse_weight_map({file: names}, device))
+    return tensors
 
 
 def _write_config(source_dir: Path, partial: Path, splan: StreamingPlan, converter: Any) -> None:
