@@ -25,6 +25,7 @@ from clef_quant.cli import app
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.run import QuantizeConfig, quantize
 from clef_quant.release_folder.writer import partial_of
+from clef_vllm.head_files import HEAD_WEIGHTS
 
 SHARD = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -57,8 +58,8 @@ def remap(source: Path, tensor: str, shard: str) -> None:
 # Each breaks the copy `source` and returns what the error line must name.
 
 
-def truncated(source: Path) -> list[str]:
-    path = source / SHARD
+def truncated(source: Path, file: str = SHARD) -> list[str]:
+    path = source / file
     length, entries = header(path)
     data = path.read_bytes()
     cut = (len(data) - 8 - length) // 2  # inside the data region, so the header itself still parses
@@ -92,12 +93,18 @@ def index_names_a_missing_shard(source: Path) -> list[str]:
     return [str(source / INDEX), SECOND]
 
 
+def truncated_head(source: Path) -> list[str]:
+    # Copied byte for byte and never loaded by quantize, so only the check would stop a cut head shipping.
+    return truncated(source, HEAD_WEIGHTS)
+
+
 BREAKS: dict[str, Callable[[Path], list[str]]] = {
     "truncated": truncated,
     "random-bytes": random_bytes,
     "header-length-1e12": huge_header_length,
     "index-wrong-shard": index_names_a_shard_without_the_tensor,
     "index-missing-shard": index_names_a_missing_shard,
+    "head-truncated": truncated_head,
 }
 
 

@@ -15,10 +15,10 @@ from clef_quant.quantize.calibration import check_calibration_settings, read_req
 from clef_quant.quantize.contents import head_prefix_of
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, check_recipe_choice, load_recipe
-from clef_quant.quantize.source_shards import ShardedSource, sharded_source
+from clef_quant.quantize.source_shards import ShardedSource, shard_header, sharded_source
 from clef_quant.release import resolve_release
 from clef_quant.release_folder.outputs import check_output
-from clef_vllm.head_files import find_head_dir
+from clef_vllm.head_files import HEAD_WEIGHTS, find_head_dir
 
 if TYPE_CHECKING:  # run.py imports this module; the config class is only needed for annotations
     from clef_quant.quantize.run import QuantizeConfig
@@ -69,6 +69,7 @@ def check_inputs(config: QuantizeConfig) -> CheckedInputs:
     head_dir = find_head_dir(source_dir)
     head_prefix_of(source_dir, head_dir)
     shards = sharded_source(source_dir)  # headers only: a cut or mis-indexed shard fails here, on either path
+    shard_header(head_dir / HEAD_WEIGHTS)  # copied byte for byte, never loaded: a cut head would ship as it is
     if config.calibration_file is not None:
         read_request_bodies(Path(config.calibration_file))  # a broken file fails now, not after loading
     check_calibration_settings(config.calibration_records, config.max_seq_len)
