@@ -1,6 +1,6 @@
 """`quantize` on a broken source, or onto a full disk: one `error:` line naming the file (and the tensor where one is
 involved), exit 2, and neither OUT nor OUT.partial left, on the streaming path, the loaded one (`--no-streaming`)
-and a calibrating scheme's.
+and a calibrating scheme's; `scan`, which loads the same backbone, refuses the same sources.
 
 Each case breaks a copy of the tiny release. The shards' headers and the index are checked before the output is
 claimed, so those runs end within the CLI's imports; a shard cut after the checks is caught where it is read.
@@ -130,6 +130,16 @@ def test_a_broken_source_is_one_line_naming_the_file(tiny_dir: Path, tmp_path: P
     names = BREAKS[case](source)
     out = tmp_path / "out"
     result = clef_quant("quantize", str(source), *PATHS[path], "--out", str(out))
+    assert_one_error_line(result, out, names)
+
+
+@pytest.mark.parametrize("case", [case for case in BREAKS if case != "head-truncated"])
+def test_scan_refuses_a_broken_source_in_one_line_too(tiny_dir: Path, tmp_path: Path, case: str) -> None:
+    source = tmp_path / "source"
+    shutil.copytree(tiny_dir, source)
+    names = BREAKS[case](source)
+    out = tmp_path / "scan"
+    result = clef_quant("scan", str(source), "--out", str(out), "--calibration-records", "2", "--heldout", "1")
     assert_one_error_line(result, out, names)
 
 

@@ -60,6 +60,7 @@ from clef_quant.quantize.scan_file import (
 )
 from clef_quant.quantize.scan_report import write_reports
 from clef_quant.quantize.sensitivity import bootstrap_settings, kl_interval
+from clef_quant.quantize.source_shards import sharded_source
 from clef_quant.release import resolve_release
 from clef_quant.release_folder.outputs import check_output_folder
 
@@ -157,6 +158,7 @@ def _check(config: ScanConfig) -> tuple[Path, dict[str, Any], list[dict], list[d
     check_device(config.device)
     source_dir = resolve_release(config.source, config.revision).absolute()
     source_config = bf16_source_config(source_dir, "scan")
+    sharded_source(source_dir)  # a cut or mis-indexed shard fails now, not inside transformers' loading
     for scheme in config.schemes:
         load_recipe(scheme, None, source_config)
     path: Path | Traversable = (
