@@ -148,7 +148,10 @@ def inspect_checkpoint(
     Checks: keep-list bf16 (lm_head, vision tower, DeltaNet in_proj_a/b, embeddings), fused groups share one
     scheme and global scale (in_proj_qkv+in_proj_z, q/k/v, gate/up), config matches stored tensors, manifest
     (clef_quant.json) present, valid and matching every file's sha256, no symlink, no code or auto_map unless
-    the manifest includes it on purpose, head files at the root (an older release's clef_head/ passes with a note). An
+    the manifest includes it on purpose, head files at the root (an older release's clef_head/ passes with a note).
+    Load safety, for engines that load a broken release without a word: every scale finite and positive, no FP4/FP8
+    row or block all zero where the bf16 source (named by the manifest, when on this machine) is not, every target
+    and ignore entry matching a module, and the tensor names config.json's architecture loads. An
     unfinished output (DIR.partial) fails with one line. A bf16 source release is inspected as a source and says
     so. --engines adds one row per engine (clef-vllm, vllm serve, vLLM >= 0.33, SGLang, llama.cpp, NeMo): whether
     it detects a Clef model here, what it misses, and its limits; --request FILE adds what of that request it

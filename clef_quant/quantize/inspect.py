@@ -14,7 +14,10 @@ with targets, and an ignore list), cross-checked against the tensors actually st
 - code: no file that may run code (`.py`, pickles, shared libraries, scripts, executables) and no `auto_map` key
   unless the manifest lists it as included on purpose (`included`, or the files `card` added);
 - head: `joint_head.safetensors` and `joint_head_config.json` at the root, where every engine looks (an older
-  release's `clef_head/` passes with a note: only clef-vllm reads it).
+  release's `clef_head/` passes with a note: only clef-vllm reads it);
+- load safety (`audit.py`): scales finite and positive, no zeroed block or row where the bf16 source has values,
+  every target and ignore entry matching a module, and the tensor names the architecture loads. Unlike the checks
+  above it reads tensor values (one at a time) and builds the model on the meta device.
 
 A `DIR.partial` (or any folder holding a writer marker of quantize, make-tiny, build-data or card) is
 unfinished: it fails at once with one line, nothing else is read. A bf16 source release (no quantization_config,
@@ -28,6 +31,7 @@ from pathlib import Path
 
 from clef_quant.documents import parse_json
 from clef_quant.families import family_of_folder
+from clef_quant.quantize.audit import audit_release
 from clef_quant.quantize.inspect_checks import (
     check_code,
     check_head,
@@ -47,6 +51,7 @@ from clef_quant.quantize.inspect_report import (
     UNFINISHED,
     CheckResult,
     InspectReport,
+    check_result,
 )
 from clef_quant.quantize.recipes import is_kept_bf16
 from clef_quant.quantize.schemes import BF16, fused_groups_of
@@ -95,6 +100,9 @@ def inspect_checkpoint(folder: str | Path, *, verify_hashes: bool = True) -> Ins
         manifest_error = str(exc)
     is_source = not quantization_config and manifest is None and manifest_error is None
     is_source = is_source and not (folder / HEAD_SUBDIR).exists()
+    audit_checks = audit_release(
+        folder, config, quantization_config, configured, index, by_module, manifest, violations, notes
+    )
     manifest_check = check_manifest(folder, manifest, manifest_error, is_source, verify_hashes, violations)
     code_check = check_code(folder, manifest, is_source, violations, notes)
     head_check = check_head(folder, violations, notes)
@@ -107,15 +115,14 @@ def inspect_checkpoint(folder: str | Path, *, verify_hashes: bool = True) -> Ins
             + (" ..." if len(kept) > 5 else "")
         )
 
-    def status(check: str, detail_ok: str) -> CheckResult:
-        failed = [v for v in violations if v.check == check]
-        return CheckResult(check, "fail" if failed else "pass", f"{len(failed)} violation(s)" if failed else detail_ok)
-
     groups = fused_groups_of([m.name for m in modules])
+    kept_count = sum(is_kept_bf16(m.name) for m in modules)
+    quantized_count = sum(m.quantized for m in modules)
     checks = [
-        status(CHECK_KEEP, f"{sum(is_kept_bf16(m.name) for m in modules)} module(s) on the keep-list, all bf16"),
-        status(CHECK_FUSED, f"{len(groups)} fused group(s) consistent"),
-        status(CHECK_CONSISTENT, f"{sum(m.quantized for m in modules)} quantized module(s) as configured"),
+        check_result(CHECK_KEEP, violations, f"{kept_count} module(s) on the keep-list, all bf16"),
+        check_result(CHECK_FUSED, violations, f"{len(groups)} fused group(s) consistent"),
+        check_result(CHECK_CONSISTENT, violations, f"{quantized_count} quantized module(s) as configured"),
+        *audit_checks,
         manifest_check,
         code_check,
         head_check,

@@ -23,12 +23,14 @@ class ConfigSchemes:
 
     def __init__(self, quantization_config: dict[str, Any] | None, notes: list[str]) -> None:
         self.groups: list[tuple[list[str], str]] = []
+        self.weight_args: list[dict[str, Any]] = []  # each group's `weights` arguments, in the order of `groups`
         self.ignore: list[str] = []
         if not quantization_config:
             return
         for group in (quantization_config.get("config_groups") or {}).values():
             label = scheme_label(group.get("weights"), group.get("input_activations"))
             self.groups.append((list(group.get("targets") or []), label))
+            self.weight_args.append(dict(group.get("weights") or {}))
         self.ignore = list(quantization_config.get("ignore") or [])
         odd = sorted(
             {t for targets, _ in self.groups for t in targets if self._is_class(t) and t != "Linear"}
@@ -44,13 +46,22 @@ class ConfigSchemes:
     def _matches(self, name: str, target: str) -> bool:
         return target == "Linear" if self._is_class(target) else matches_target(name, target)
 
-    def label(self, name: str) -> str:
+    def _group(self, name: str) -> int | None:
+        """The config group that quantizes `name` (the first whose targets match), None when ignored or none."""
         if any(self._matches(name, target) for target in self.ignore):
-            return BF16
-        for targets, label in self.groups:
-            if any(self._matches(name, target) for target in targets):
-                return label
-        return BF16
+            return None
+        return next(
+            (i for i, (targets, _) in enumerate(self.groups) if any(self._matches(name, t) for t in targets)), None
+        )
+
+    def label(self, name: str) -> str:
+        group = self._group(name)
+        return BF16 if group is None else self.groups[group][1]
+
+    def weights(self, name: str) -> dict[str, Any]:
+        """The `weights` quantization arguments of the group that quantizes `name` (empty when none does)."""
+        group = self._group(name)
+        return {} if group is None else self.weight_args[group]
 
 
 def linear_modules(

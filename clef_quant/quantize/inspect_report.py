@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clef_quant.families import Family
+from clef_quant.formatting import first_few
 
 CHECK_KEEP = "keep-list stays bf16"
 CHECK_FUSED = "fused groups share scheme and global scale"
@@ -14,6 +15,12 @@ CHECK_MANIFEST = "manifest hashes"
 CHECK_HEAD = "head files present"
 CHECK_CODE = "no code unless included on purpose"
 CHECK_COMPLETE = "finished release"
+# The load-safety audit (audit.py): what engines we do not run load without complaint and then get wrong. Its
+# fourth rule, fused groups sharing one global scale, is CHECK_FUSED.
+CHECK_SCALES = "scales finite and positive"
+CHECK_ZEROS = "no zeroed rows or blocks"
+CHECK_TARGETS = "ignore and targets match modules"
+CHECK_NAMES = "tensor names the architecture loads"
 
 SOURCE = "source"
 RELEASE = "release"
@@ -52,6 +59,17 @@ class CheckResult:
     name: str
     status: str  # "pass", "fail" or "skipped"
     detail: str
+
+
+FIRST_OFFENDERS = 3
+
+
+def check_result(check: str, violations: list[Violation], detail_ok: str) -> CheckResult:
+    """`check`'s line of the summary: a pass with `detail_ok`, or a fail naming its first offenders."""
+    failed = [v.subject for v in violations if v.check == check]
+    if not failed:
+        return CheckResult(check, "pass", detail_ok)
+    return CheckResult(check, "fail", f"{len(failed)} violation(s): {first_few(failed, FIRST_OFFENDERS, ', ')}")
 
 
 @dataclass

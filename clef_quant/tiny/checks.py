@@ -8,13 +8,14 @@ from pathlib import Path
 
 import torch
 
+from clef_quant.checkpoint_names import disk_tensors
 from clef_quant.devices import device_problem, is_cuda
 from clef_quant.formatting import gib
 from clef_quant.release_folder.errors import ReleaseFolderError
 from clef_quant.release_folder.outputs import check_output
 from clef_quant.tiny.backbone_config import backbone_config, meta_model, placeholder_ids
 from clef_quant.tiny.sizes import SIZES, Size
-from clef_quant.tiny.weights import disk_tensors, plan_shards
+from clef_quant.tiny.weights import plan_shards
 from clef_vllm.errors import ClefError
 
 # Room left besides the shard being written, in host memory and on disk.

@@ -22,6 +22,7 @@ from transformers import PretrainedConfig
 from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as omni
 
+from clef_quant.checkpoint_names import disk_tensors
 from clef_quant.progress import BYTES, Progress
 from clef_quant.tiny.backbone_config import meta_model
 from clef_quant.tiny.sizes import Size
@@ -82,32 +83,6 @@ def _init_rules(model: nn.Module) -> dict[str, _Init]:
                 )
             rules[prefix + name] = rule[name]
     return rules
-
-
-# transformers 5 holds a MoE layer's experts as two fused 3-D parameters, but checkpoints store one Linear per
-# expert, and vLLM loads those names (transformers' conversion_mapping.py maps qwen3_omni_moe to the qwen2_moe
-# rules: `experts.{e}.gate_proj`/`up_proj` stacked into `gate_up_proj`, `experts.{e}.down_proj` into `down_proj`).
-_FUSED_EXPERTS = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
-
-
-def disk_tensors(model: nn.Module) -> list[tuple[str, torch.Size]]:
-    """The tensors a checkpoint of `model` stores, in model order: its parameters, with fused experts split into
-    the per-expert Linear weights of the released format."""
-    tensors: list[tuple[str, torch.Size]] = []
-    for name, param in model.named_parameters():
-        if name.endswith(_FUSED_EXPERTS[0]):
-            base = name.removesuffix(".gate_up_proj")
-            experts, outputs, inputs = param.shape
-            for e in range(experts):
-                tensors.append((f"{base}.{e}.gate_proj.weight", torch.Size((outputs // 2, inputs))))
-                tensors.append((f"{base}.{e}.up_proj.weight", torch.Size((outputs // 2, inputs))))
-        elif name.endswith(_FUSED_EXPERTS[1]):
-            base = name.removesuffix(".down_proj")
-            experts, outputs, inputs = param.shape
-            tensors.extend((f"{base}.{e}.down_proj.weight", torch.Size((outputs, inputs))) for e in range(experts))
-        else:
-            tensors.append((name, param.shape))
-    return tensors
 
 
 def _disk_rules(rules: dict[str, _Init], tensors: list[tuple[str, torch.Size]]) -> dict[str, _Init]:
