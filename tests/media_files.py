@@ -38,19 +38,33 @@ def video_frames(count: int, width: int = 64, height: int = 48) -> np.ndarray:
 
 
 def video_bytes(
-    seconds: float = 3.0, rate: int = 10, width: int = 64, height: int = 48, fmt: str = "mp4", codec: str = "mpeg4"
+    seconds: float = 3.0,
+    rate: int = 10,
+    width: int = 64,
+    height: int = 48,
+    fmt: str = "mp4",
+    codec: str = "mpeg4",
+    soundtrack: bool = False,
 ) -> bytes:
-    """An MP4 / WebM / MOV file encoded with PyAV."""
+    """An MP4 / WebM / MOV file encoded with PyAV; with `soundtrack`, an AAC tone of the same length beside it."""
     import av
 
     buffer = io.BytesIO()
     with av.open(buffer, mode="w", format=fmt) as container:
         stream = container.add_stream(codec, rate=rate)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        audio = container.add_stream("aac", rate=16000) if soundtrack else None
+        packets = []
         for frame in video_frames(round(seconds * rate), width, height):
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
+            packets += stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24"))
+        packets += stream.encode()
+        if audio is not None:
+            audio.layout = "mono"
+            tone = (0.3 * np.sin(np.arange(round(seconds * 16000)) / 8)).astype(np.float32)[None]
+            samples = av.AudioFrame.from_ndarray(tone, format="flt", layout="mono")
+            samples.sample_rate = 16000
+            packets += [*audio.encode(samples), *audio.encode()]
+        for packet in packets:
             container.mux(packet)
     return buffer.getvalue()
 

@@ -39,7 +39,7 @@ CLEF_VLLM_LAYERS: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...] = (
     (
         "format and head",
         (
-            "errors", "schema", "state_cut", "media", "request", "encoding", "encoder", "answers",
+            "errors", "schema", "state_cut", "media", "request", "media_encoding", "encoding", "encoder", "answers",
             "head_ops", "head", "head_files", "head_graphs", "release_source", "manifest", "strict_json",
         ),
         HTTP | {"vllm"},

@@ -17,16 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from clef_vllm import state_cut
-from clef_vllm.errors import RequestError, SchemaTooLongError
-from clef_vllm.media import (
-    DEFAULT_MEDIA_LIMITS,
-    DecodedVideo,
-    MediaData,
-    MediaLimits,
-    decode_frames,
-    decode_image,
-    decode_video,
-)
+from clef_vllm.errors import SchemaTooLongError
+from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MediaLimits
+from clef_vllm.media_encoding import MediaEncoding, encode_media
 from clef_vllm.request import ClefRequest, Limits, check_schema_chars, parse_request
 from clef_vllm.schema import RecordSchema
 from clef_vllm.state_cut import cut_state, token_ids
@@ -40,8 +33,6 @@ SYSTEM_PROMPT = (
 PREFIX = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nSTATE:\n"
 SCHEMA_HEADER = "\n\nSCHEMA FIELDS:\n"
 SUFFIX = "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
-IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
-VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
 
 Span = tuple[int, int]
 
@@ -66,11 +57,6 @@ def option_text(option_id: str, description: Any) -> str:
     return render(body)
 
 
-def media_text(num_images: int, num_videos: int) -> str:
-    """All placeholders together, then one newline (the Flash release; Omni puts a newline after each)."""
-    return IMAGE_PLACEHOLDER * num_images + VIDEO_PLACEHOLDER * num_videos + "\n"
-
-
 @dataclass(frozen=True)
 class Encoding:
     """A request as the model reads it. Spans are half-open positions in `input_ids`."""
@@ -86,9 +72,11 @@ class Encoding:
     max_length: int
     # processor outputs (pixel values, grids, mm_token_type_ids over the whole sequence)
     media_inputs: dict[str, Any] = field(default_factory=dict)
-    # what vLLM's own processor expands: the ids with one pad token per image/video, and the decoded media
+    # what vLLM's own processor expands: the ids with one pad token per image/video, the decoded media, and the
+    # processor settings the expansion here used
     prompt_ids: list[int] | None = None
     multi_modal_data: dict[str, list[Any]] = field(default_factory=dict)
+    mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
     # False when the state ran more than max_length tokens past the cut: the count is then estimated from its
     # characters, because counting exactly would mean tokenizing text the model never reads.
     state_tokens_dropped_exact: bool = True
@@ -185,9 +173,9 @@ def encode_request(
     (prefix_ids,) = _token_ids(tokenizer, [PREFIX])
     schema_ids = _token_ids(tokenizer, schema.texts)
     media_ids: list[int] = []
-    media = _Media()
+    media = MediaEncoding()
     if request.has_media:
-        media = _encode_media(request, processor, tokenizer, media_limits)
+        media = encode_media(request, processor, lambda text: _token_ids(tokenizer, [text])[0], media_limits)
         media_ids = media.ids
 
     fixed = len(prefix_ids) + len(media_ids) + sum(len(ids) for ids in schema_ids)
@@ -226,6 +214,7 @@ def encode_request(
         media_inputs=media.inputs,
         prompt_ids=prompt_ids,
         multi_modal_data=media.multi_modal_data,
+        mm_processor_kwargs=media.mm_processor_kwargs,
         state_tokens_dropped_exact=state.dropped_exact,
     )
 
@@ -251,87 +240,3 @@ def prepare_request(
             request, tokenizer, processor=processor, max_length=max_length, media_limits=limits.media
         )
     return request, encoding
-
-
-@dataclass
-class _Media:
-    ids: list[int] = field(default_factory=list)  # placeholders expanded by the processor
-    unexpanded_ids: list[int] = field(default_factory=list)
-    inputs: dict[str, Any] = field(default_factory=dict)
-    multi_modal_data: dict[str, list[Any]] = field(default_factory=dict)
-
-    def place_token_types(self, offset: int, total: int) -> None:
-        """The processor types only the media text; the model reads them at the media's place in the prompt."""
-        import torch
-
-        types = self.inputs.get("mm_token_type_ids")
-        if types is None:
-            return
-        full = torch.zeros((1, total), dtype=types.dtype)
-        full[0, offset : offset + types.shape[-1]] = types[0]
-        self.inputs["mm_token_type_ids"] = full
-
-
-def _encode_media(request: ClefRequest, processor: Any | None, tokenizer: Tokenizer, limits: MediaLimits) -> _Media:
-    if processor is None:
-        raise RequestError("this request has images or videos, but the checkpoint has no processor", "images")
-    images = [decode_image(item, limits) for item in request.images]
-    sampler = _frame_sampler(processor)
-    videos: list[DecodedVideo] = [
-        decode_video(video, sampler, limits)
-        if isinstance(video, MediaData)
-        else decode_frames(video, f"videos[{i}]", limits, _frame_rate(processor))
-        for i, video in enumerate(request.videos)
-    ]
-    text = media_text(len(images), len(videos))
-    video_kwargs: dict[str, Any] = {}
-    if videos:
-        video_kwargs = {
-            "videos": [v.frames for v in videos],
-            "video_metadata": [_hf_metadata(v) for v in videos],
-            "do_sample_frames": False,
-        }
-    outputs = processor(text=[text], images=images or None, return_tensors="pt", **video_kwargs)
-    (unexpanded,) = _token_ids(tokenizer, [text])
-    multi_modal_data: dict[str, list[Any]] = {}
-    if images:
-        multi_modal_data["image"] = images
-    if videos:
-        multi_modal_data["video"] = [(v.frames, v.metadata()) for v in videos]
-    return _Media(
-        ids=[int(t) for t in outputs["input_ids"][0]],
-        unexpanded_ids=unexpanded,
-        inputs={k: v for k, v in outputs.items() if k not in ("input_ids", "attention_mask", "video_metadata")},
-        multi_modal_data=multi_modal_data,
-    )
-
-
-def _frame_rate(processor: Any) -> float:
-    return float(getattr(processor.video_processor, "fps", None) or 2.0)
-
-
-def _frame_sampler(processor: Any) -> Any:
-    """Frame indices exactly as the checkpoint's video processor samples a decoded file."""
-    from transformers.video_utils import VideoMetadata
-
-    video_processor = processor.video_processor
-
-    def sample(total_num_frames: int, fps: float) -> list[int]:
-        metadata = VideoMetadata(total_num_frames=total_num_frames, fps=fps)
-        return [int(i) for i in video_processor.sample_frames(metadata)]
-
-    return sample
-
-
-def _hf_metadata(video: DecodedVideo) -> Any:
-    from transformers.video_utils import VideoMetadata
-
-    meta = video.metadata()
-    return VideoMetadata(
-        total_num_frames=meta["total_num_frames"],
-        fps=meta["fps"],
-        duration=meta["duration"],
-        frames_indices=meta["frames_indices"],
-        height=meta["height"],
-        width=meta["width"],
-    )

@@ -8,7 +8,8 @@ A file is sampled the way the checkpoint's video processor samples a file: its `
 indices from the total frame count and the frame rate (Qwen3-VL / Qwen3.5: 2 frames per second, at least 4,
 at most 768, evenly spread), and only those frames are kept while the file streams through the decoder.
 Frame lists are described to the processor as frames sampled at its own rate, so their timestamps are the
-ones a file sampled by it would get.
+ones a file sampled by it would get. Clef-Omni samples files its own way (`boundary_frames`) and reads every
+frame at most `OMNI_FRAME_PIXELS` pixels (`cap_frame_pixels`).
 
 Errors are `RequestError`s naming the item (`images[0]`, `videos[1]`, `assets.logo`).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -63,6 +65,7 @@ class DecodedVideo:
     fps: float  # frame rate of the source the indices refer to
     total_num_frames: int
     frames_indices: list[int]
+    has_soundtrack: bool = False  # a file with an audio stream (frame lists have none)
 
     def metadata(self) -> dict[str, Any]:
         """The processor's `video_metadata` (transformers and vLLM read the same keys); frames are presampled."""
@@ -79,6 +82,42 @@ class DecodedVideo:
 
 # (total_num_frames, fps) -> indices of the frames to keep, as the checkpoint's video processor picks them
 FrameSampler = Callable[[int, float], Sequence[int]]
+
+
+def boundary_frames(total_num_frames: int, fps: float, rate: float = SAMPLED_FRAME_RATE) -> list[int]:
+    """Clef-Omni's sampling of a file: the first frame at or after each 1/`rate` second boundary (frame i shows at
+    i / fps seconds), then the last one repeated to an even count, one temporal patch of the vision tower per two
+    frames. The tolerance keeps a boundary that lands on a frame's time on that frame despite float rounding."""
+    step = fps / rate
+    indices = []
+    index = 0
+    while index < total_num_frames:
+        indices.append(index)
+        index = math.ceil(len(indices) * step - 1e-6)
+    if len(indices) % 2:
+        indices.append(indices[-1])
+    return indices
+
+
+# The most pixels Clef-Omni reads of one video frame (256 of the vision tower's merged 32 x 32 patches).
+OMNI_FRAME_PIXELS = 256 * 32 * 32
+
+
+def cap_frame_pixels(frames: np.ndarray, max_pixels: int = OMNI_FRAME_PIXELS) -> np.ndarray:
+    """Frames [n, h, w, 3] (uint8) shrunk to at most about `max_pixels` each, as Clef-Omni reads them: the aspect
+    kept, each side rounded to an even size, bilinear without antialiasing, rounded back to uint8. Smaller frames
+    are returned as they are."""
+    height, width = frames.shape[1:3]
+    if height * width <= max_pixels:
+        return frames
+    import torch
+    import torch.nn.functional as F
+
+    scale = math.sqrt(max_pixels / (width * height))
+    size = (max(2, round(height * scale / 2) * 2), max(2, round(width * scale / 2) * 2))
+    channels_first = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()
+    resized = F.interpolate(channels_first, size=size, mode="bilinear").round().to(torch.uint8)
+    return resized.permute(0, 2, 3, 1).contiguous().numpy()
 
 
 def raw_bytes(item: MediaData, what: str) -> bytes:
@@ -160,6 +199,7 @@ def decode_video(item: MediaData, sampler: FrameSampler, limits: MediaLimits = D
             if not container.streams.video:
                 raise RequestError(f"{where} has no video stream", where)
             stream = container.streams.video[0]
+            has_soundtrack = bool(container.streams.audio)
             width, height = stream.codec_context.width, stream.codec_context.height
             rate = stream.average_rate or stream.guessed_rate
             if not width or not height or not rate:
@@ -189,7 +229,7 @@ def decode_video(item: MediaData, sampler: FrameSampler, limits: MediaLimits = D
         raise RequestError(unreadable, where) from None
     if len(frames) < len(indices):
         raise RequestError(unreadable, where)
-    return DecodedVideo(np.stack(frames), float(rate), total, indices)
+    return DecodedVideo(np.stack(frames), float(rate), total, indices, has_soundtrack)
 
 
 def _sampled_frames(container: Any, indices: list[int]) -> list[np.ndarray]:
