@@ -170,7 +170,15 @@ BAD_REQUESTS = [
         id="images-plus-assets",
     ),
     pytest.param(body(videos=["a", "b", "c"]), ["too many videos", "3", "2"], "videos", id="three-videos"),
+    pytest.param(body(audio="UklGRg=="), ["audio", "not read"], "audio", id="audio-clip"),
+    pytest.param(body(audios=[{"data": "UklGRg=="}]), ["audios", "not read"], "audios", id="audio-clips"),
 ]
+
+
+def test_no_audio_is_not_refused():
+    """What SDKs send when there is no clip (null, an empty list) carries no audio to leave unheard."""
+    for empty in (None, [], ""):
+        assert parse_request(body(audio=empty, audios=empty)).questions
 
 
 @pytest.mark.parametrize(("request_body", "needles", "field"), BAD_REQUESTS)

@@ -111,6 +111,8 @@ def _bad_cases():
             '"where": type box',
         ),
         (dict(body(images=[b64(big), b64(big)]), state="x"), None, "schema requires"),
+        (body(audio=b64(b"RIFF\x24\x00\x00\x00WAVE")), "audio", "audio is not read"),
+        (body(audios=[{"data_base64": b64(b"ID3"), "format": "mp3"}]), "audios", "audio is not read"),
     ]
 
 
@@ -122,6 +124,8 @@ def test_bad_media_gets_a_400_naming_it_and_the_server_stays_healthy(systemone, 
     assert needle in message
     if where is not None:
         assert where in message
+    if where in ("audio", "audios"):
+        assert response.json()["error"]["field"] == where
     assert httpx.get(f"{systemone}/health").status_code == 200
 
 
