@@ -294,3 +294,24 @@ def test_vllm_032_refuses_where_its_rows_say_it_refuses(
     script.write_text(LOAD, encoding="utf-8")
     run = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True, text=True, timeout=600)
     assert run.returncode != 0 and says in run.stdout + run.stderr, run.stderr[-3000:]
+
+
+def test_inspect_engines_says_what_each_engine_makes_of_the_weights(quantized_dir: Any, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from clef_quant.cli import app
+
+    folder = broken_release(quantized_dir, tmp_path, "in_proj_a and in_proj_b unlisted")
+    runner = CliRunner()
+    result = runner.invoke(app, ["inspect", str(folder), "--engines", "--json"])
+    assert result.exit_code == 1, result.output  # the edited config.json no longer matches the manifest
+    rows = {row["engine"]: row["weights"] for row in json.loads(result.output)["engines"]}
+    assert {name: row["verdict"] for name, row in rows.items()} == {
+        name: verdict.words if verdict is not None else None
+        for name, verdict in BROKEN["in_proj_a and in_proj_b unlisted"][3].items()
+    }
+    assert {f["layer"].rpartition(".")[2] for f in rows[SGLANG]["findings"]} == {"in_proj_ba"}
+    assert rows["clef-vllm"]["rules_read_from"].startswith("vLLM 0.32")
+    table = runner.invoke(app, ["inspect", str(quantized_dir("nvfp4")), "--engines"], env={"COLUMNS": "250"})
+    assert table.exit_code == 0 and "weights" in table.output
+    assert table.output.count(Verdict.LOADS.words) == len(VLLM) + 1

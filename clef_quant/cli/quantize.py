@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from clef_quant.cli._errors import fail, read_json_file, user_errors
@@ -154,14 +155,15 @@ def inspect_checkpoint(
     and ignore entry matching a module, and the tensor names config.json's architecture loads. An
     unfinished output (DIR.partial) fails with one line. A bf16 source release is inspected as a source and says
     so. --engines adds one row per engine (clef-vllm, vllm serve, vLLM >= 0.33, SGLang, llama.cpp, NeMo): whether
-    it detects a Clef model here, what it misses, and its limits; --request FILE adds what of that request it
-    would refuse. Neither changes the exit status.
+    it detects a Clef model here, what it misses, whether it reads the weights as stored (its loading rules, read
+    from its code: loads, drops or misreads which layers, or refuses), and its limits; --request FILE adds what of
+    that request it would refuse. Neither changes the exit status.
 
     Example: clef-quant inspect artifacts/tiny-NVFP4 --engines --request examples/request.json
     """
     if not folder.is_dir():
         raise fail(f"{folder} is not a folder")
-    from clef_quant import engines_compat
+    from clef_quant import engines_compat, engines_loading
     from clef_quant.quantize.inspect import inspect_checkpoint as run_inspect
 
     request = None
@@ -170,10 +172,11 @@ def inspect_checkpoint(
     show_engines = engines or request is not None
     report = run_inspect(folder)
     detections = engines_compat.detect_all(folder) if show_engines and report.kind != "unfinished" else None
+    loads = {check.engine: check for check in engines_loading.check_folder(folder)} if detections else {}
     if as_json:
         data = _report_json(report)
         if detections is not None:
-            data["engines"] = _engines_json(detections, request)
+            data["engines"] = _engines_json(detections, loads, request)
         typer.echo(json.dumps(data, indent=2))
     elif report.kind == "unfinished":
         for violation in report.violations:  # nothing else was read
@@ -182,7 +185,7 @@ def inspect_checkpoint(
         console = results_console()
         _print_report(console, report)
         if detections is not None:
-            _print_engines(console, detections, request, request_file)
+            _print_engines(console, detections, loads, request, request_file)
     if not report.ok:
         raise typer.Exit(1)
 
@@ -320,18 +323,23 @@ def _limits_text(engine: Any) -> str:
     return ", ".join([*parts, f"choice {engine.choice} options", f"score {engine.score} levels"])
 
 
-def _print_engines(console: Console, detections: list[Any], request: Any, request_file: Path | None) -> None:
+def _print_engines(
+    console: Console, detections: list[Any], loads: dict[str, Any], request: Any, request_file: Path | None
+) -> None:
     from clef_quant.engines_compat import over_limits
+    from clef_quant.engines_loading import Verdict
 
     table = Table(title="engines: which detect a Clef model in this folder", title_justify="left")
-    for column in ("engine", "detects", "run", "limits"):
+    for column in ("engine", "detects", "weights", "run", "limits"):
         table.add_column(column, overflow="fold")
     if request is not None:
         table.add_column(f"refuses of {request_file}", overflow="fold")
     for detection in detections:
         engine = detection.engine
         detects = "[green]yes[/]" if detection.detected else "[red]no[/], needs " + "; ".join(detection.missing)
-        row = [engine.name, detects, engine.how, _limits_text(engine)]
+        check = loads[engine.name]
+        color = {None: "dim", Verdict.LOADS: "green"}.get(check.verdict, "red")
+        row = [engine.name, detects, f"[{color}]{escape(check.summary(limit=1))}[/]", engine.how, _limits_text(engine)]
         if request is not None:
             refused = over_limits(request, engine)
             row.append("[red]" + "; ".join(refused) + "[/]" if refused else ("nothing" if engine.serves else "-"))
@@ -339,7 +347,7 @@ def _print_engines(console: Console, detections: list[Any], request: Any, reques
     console.print(table)
 
 
-def _engines_json(detections: list[Any], request: Any) -> list[dict[str, Any]]:
+def _engines_json(detections: list[Any], loads: dict[str, Any], request: Any) -> list[dict[str, Any]]:
     from clef_quant.engines_compat import over_limits
 
     rows = []
@@ -349,6 +357,7 @@ def _engines_json(detections: list[Any], request: Any) -> list[dict[str, Any]]:
             "engine": engine.name,
             "detects": detection.detected,
             "missing": list(detection.missing),
+            "weights": loads[engine.name].as_json(),
             "run": engine.how,
             "limits": _limits_text(engine),
         }
