@@ -4,7 +4,7 @@
 # Usage: scripts/measure_serving_gpu.sh [STEP ...]      (no STEP: every step, in this order)
 #
 #   releases  random clef-flash-shaped bf16 weights, and their FP8_DYNAMIC, NVFP4A16 and NVFP4 releases
-#   fp8       FP8_DYNAMIC in the invariant default, batched, and invariant with CUDA graphs for whole prompts;
+#   fp8       FP8_DYNAMIC in the invariant default (split-free), batched, and vLLM's batch-invariant mode;
 #             clef-systemone at 1, 8 and 64 clients
 #   profile   where FP8_DYNAMIC's time goes, invariant and batched profiled side by side (single requests and
 #             one call over the whole workload)
@@ -58,7 +58,7 @@ step_releases() {
 }
 
 step_fp8() {
-  run "$CLEF_QUANT" bench modes --release "$fp8@invariant,batched,invariant-graphs" --serve FP8_DYNAMIC \
+  run "$CLEF_QUANT" bench modes --release "$fp8@invariant,batched,invariant-vllm" --serve FP8_DYNAMIC \
     --repeats 2 --latency-requests 20 "${engine_args[@]}" --out "$serve_report"
 }
 
