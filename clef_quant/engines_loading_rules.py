@@ -1,5 +1,5 @@
 """How each engine loads a compressed-tensors `Qwen3_5ForConditionalGeneration` checkpoint, as data (one row per
-engine); `engines_loading.py` applies the rows to a release folder.
+engine); `quantize/engines_loading.py` applies the rows to a release folder.
 
 Every value was read from the engine's released code (the wheel's Python source) and carries the file and line it
 came from. vLLM 0.32.0, 0.33.0 and 0.34.0 apply the same rules (vLLM 0.33.0's lines are 0.34.0's, but

@@ -1,4 +1,4 @@
-"""What each engine we do not run makes of our quantized releases' weights (`clef_quant.engines_loading`): every
+"""What each engine we do not run makes of our quantized releases' weights (`quantize/engines_loading.py`): every
 scheme quantize writes loads as stored in vLLM 0.32 under clef-vllm, vLLM 0.33/0.34 and SGLang 0.5.23, and each
 loading rule, met by a release laid out otherwise, turns the verdict it governs. The vLLM rows' decisions are held
 to vLLM 0.32's own matching code (installed here), and two refusals to vLLM 0.32's loader itself."""
@@ -20,7 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from clef_quant.engines_loading import (
+from clef_quant.engines_loading_rules import RULES
+from clef_quant.quantize.engines_loading import (
     HEAD,
     Verdict,
     check_folder,
@@ -30,7 +31,6 @@ from clef_quant.engines_loading import (
     engine_name,
     read_layout,
 )
-from clef_quant.engines_loading_rules import RULES
 from clef_quant.quantize.registry import schemes
 from clef_quant.quantize.release_files import backbone_weight_files
 

@@ -163,7 +163,8 @@ def inspect_checkpoint(
     """
     if not folder.is_dir():
         raise fail(f"{folder} is not a folder")
-    from clef_quant import engines_compat, engines_loading
+    from clef_quant import engines_compat
+    from clef_quant.quantize import engines_loading
     from clef_quant.quantize.inspect import inspect_checkpoint as run_inspect
 
     request = None
@@ -327,7 +328,7 @@ def _print_engines(
     console: Console, detections: list[Any], loads: dict[str, Any], request: Any, request_file: Path | None
 ) -> None:
     from clef_quant.engines_compat import over_limits
-    from clef_quant.engines_loading import Verdict
+    from clef_quant.quantize.engines_loading import Verdict
 
     table = Table(title="engines: which detect a Clef model in this folder", title_justify="left")
     for column in ("engine", "detects", "weights", "run", "limits"):

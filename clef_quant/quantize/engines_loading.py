@@ -1,15 +1,15 @@
 """Whether each engine reads a quantized release's weights as they are stored, judged from its files alone.
 
-`engines_compat.py` says which engines take a folder for a Clef model; this module says what each makes of the
-quantized backbone. The rules of each engine are one row of data (`engines_loading_rules.py`), read from its
-released code for a compressed-tensors checkpoint of `Qwen3_5ForConditionalGeneration`: the checkpoint modules
-it fuses into one layer, how it spells its layers and matches `quantization_config.ignore` and the config groups'
-targets against them, and what it does when the members of one fused layer are ignored differently, when a
-stored tensor has no parameter in the layer it built, and when the members of one NVFP4 layer carry different
-global scales. `check_folder` applies every row to a folder's config.json and the names, dtypes and global scales
-of its shards, and gives per engine: loads as stored, loads but drops or misreads weights (naming the layers), or
-refuses to load. Nothing is loaded but the shards' headers and the few global scales of fused NVFP4 layers.
-"""
+`clef_quant/engines_compat.py` says which engines take a folder for a Clef model; this module says what each
+makes of the quantized backbone. The rules of each engine are one row of data (`clef_quant/engines_loading_rules.py`),
+read from its released code for a compressed-tensors checkpoint of `Qwen3_5ForConditionalGeneration`: the
+checkpoint modules it fuses into one layer, how it spells its layers and matches `quantization_config.ignore` and
+the config groups' targets against them, and what it does when the members of one fused layer are ignored
+differently, when a stored tensor has no parameter in the layer it built, and when the members of one NVFP4 layer
+carry different global scales. `check_folder` applies every row to a folder's config.json and the names, dtypes
+and global scales of its shards, and gives per engine: loads as stored, loads but drops or misreads weights (naming
+the layers), or refuses to load. Nothing is loaded but the shards' headers and the few global scales of fused NVFP4
+layers."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.documents import parse_json
-from clef_quant.engines_compat import ENGINES, QWEN3_5
+from clef_quant.engines_compat import ENGINES, QWEN3_5, detect_all
 from clef_quant.engines_loading_rules import HEAD, RULES, LoadRules, Verdict
 from clef_quant.formatting import first_few
 from clef_quant.quantize.inspect_modules import is_embedding
@@ -62,6 +62,15 @@ class LoadCheck:
             return verdict.words + (f" ({self.note})" if self.note else "")
         worst = [finding for finding in self.findings if finding.verdict is verdict]
         return f"{verdict.words}: {first_few(worst, limit)}"
+
+    def as_json(self) -> dict[str, Any]:
+        verdict = self.verdict
+        return {
+            "verdict": verdict.words if verdict is not None else None,
+            "rules_read_from": self.read,
+            "findings": [{"verdict": f.verdict.words, "layer": f.layer, "what": f.what} for f in self.findings],
+            "note": self.note,
+        }
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,23 @@ def check_folder(folder: Path) -> list[LoadCheck]:
         if engine.name in by_engine
         else LoadCheck(engine.name, None, note="its loading code was not read")
         for engine in ENGINES
+    ]
+
+
+def engine_rows(folder: Path) -> list[dict[str, Any]]:
+    """One row per engine for a report or a card: how to run it on `folder`, whether it detects a Clef model there
+    (and what it misses) and what it makes of the weights (`verdict`, None where its loading code was not read)."""
+    loads = {check.engine: check for check in check_folder(folder)}
+    return [
+        {
+            "engine": detection.engine.name,
+            "how": detection.engine.how,
+            "detects": detection.detected,
+            "missing": list(detection.missing),
+            "verdict": loads[detection.engine.name].verdict,
+            "loads": loads[detection.engine.name].summary(limit=1),
+        }
+        for detection in detect_all(folder)
     ]
 
 
