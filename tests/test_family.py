@@ -286,3 +286,84 @@ def test_eval_refuses_omni_experts_the_cpu_cannot_run(family_dir, family_quantiz
         [sys.executable, "-m", "clef_vllm.server.cli", "--model", str(candidate)], capture_output=True, text=True
     )
     assert served.returncode == 2 and "cannot run this release's quantized experts" in served.stderr, served.stderr
+
+
+# -- experts of one MoE layer in one scheme ---------------------------------------------------------------------
+
+ONE_EXPERT = "thinker.model.layers.0.mlp.experts.3"
+
+
+def _keep_one_expert_bf16(release: Path, out: Path) -> Path:
+    """`release` (FP8_DYNAMIC experts) as llm-compressor writes it with ONE_EXPERT in its ignore list: that
+    expert's projections stored in bf16 (dequantized), without scales, and named in `ignore`."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(release, out)
+    weights = load_file(out / "model.safetensors")
+    projections = [f"{ONE_EXPERT}.{p}_proj" for p in ("gate", "up", "down")]
+    for module in projections:
+        scale = weights.pop(f"{module}.weight_scale").float()
+        weights[f"{module}.weight"] = (weights[f"{module}.weight"].float() * scale).to(torch.bfloat16)
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {name: "model.safetensors" for name in sorted(weights)}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"]["ignore"] += projections
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_a_release_keeping_one_expert_of_a_layer_bf16_is_refused_on_any_device(
+    family_quantized, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One ignored expert is not every expert: vLLM reads a MoE layer's scheme from its first expert and loads the
+    others as that scheme, so no vLLM loads this release; the CPU check used to let it through as all bf16."""
+    import clef_vllm.invariance
+    from clef_vllm.engine import ClefEngine
+    from clef_vllm.errors import CheckpointError
+    from clef_vllm.release_kernels import check_release_kernels
+    from clef_vllm.server.cli import main
+
+    folder = _keep_one_expert_bf16(family_quantized("omni-tiny", "fp8-dynamic"), tmp_path / "one-expert-bf16")
+    with pytest.raises(SystemExit) as exited:
+        main(["--model", str(folder)])
+    assert exited.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "thinker.model.layers.0.mlp.experts" in line and "3 of its 12 expert projections bf16" in line, line
+    with pytest.raises(CheckpointError, match=r"experts\.3\.gate_proj"):
+        ClefEngine(folder)
+    monkeypatch.setattr(clef_vllm.invariance, "uses_gpu", lambda: True)  # where its FP8 experts have kernels
+    with pytest.raises(CheckpointError, match="no vLLM can load this release"):
+        check_release_kernels(folder)
+
+
+def test_quantize_refuses_a_recipe_keeping_some_experts_of_a_layer_bf16(family_dir, tmp_path: Path) -> None:
+    """The plan is refused before anything is written; every expert of every layer kept bf16 is a release the CPU
+    check lets through (bf16 experts run anywhere)."""
+    from clef_vllm.release_kernels import check_release_kernels
+
+    keep = list(keep_bf16(FAMILIES["clef-omni"]))
+    cases = {
+        "one": [*keep, *(f"{ONE_EXPERT}.{p}_proj" for p in ("gate", "up", "down"))],
+        "all": [*keep, r"re:.*\.mlp\.experts\..*"],
+    }
+    written = {}
+    for name, ignore in cases.items():
+        recipe = tmp_path / f"{name}.yaml"
+        modifier = {"targets": ["Linear"], "ignore": ignore, "scheme": "FP8_DYNAMIC"}
+        recipe.write_text(yaml.safe_dump({"default_stage": {"default_modifiers": {"QuantizationModifier": modifier}}}))
+        out = tmp_path / f"omni-{name}"
+        written[name] = CliRunner().invoke(
+            app, ["quantize", str(family_dir("omni-tiny")), "--recipe", str(recipe), "--out", str(out)]
+        )
+    refused = written["one"]
+    assert refused.exit_code == 2 and "Traceback" not in refused.output, refused.output
+    (line,) = [line for line in refused.output.splitlines() if line.startswith("error:")]
+    assert "thinker.model.layers.0.mlp.experts (3 bf16" in line and "every expert of a layer together" in line, line
+    assert not (tmp_path / "omni-one").exists() and not (tmp_path / "omni-one.partial").exists()
+    assert written["all"].exit_code == 0, written["all"].output
+    check_release_kernels(tmp_path / "omni-all")

@@ -19,9 +19,9 @@ from clef_quant.formatting import first_few
 from clef_quant.progress import NoProgress, Progress
 from clef_quant.release import resolve_release
 from clef_quant.release_folder.fingerprints import FolderFingerprint, folder_fingerprint
-from clef_vllm.cpu_experts import check_cpu_experts
 from clef_vllm.encoding import Encoding
 from clef_vllm.errors import RequestError
+from clef_vllm.release_kernels import check_release_kernels
 
 Role = Literal["reference", "noise-floor", "candidate"]
 REFERENCE_NAME = "bf16 reference"
@@ -103,7 +103,7 @@ def plan_sides(config: EvalConfig, engine_settings: dict[str, Any], progress: Pr
         key = side_key(f"plugin-{folder.name}", fingerprint, plugin_settings)
         if any(side.key == key for side in sides):
             raise DataError(f"candidate {source} is given twice")
-        check_cpu_experts(folder)  # before the reference spends minutes scoring
+        check_release_kernels(folder)  # before the reference spends minutes scoring
         name = folder.name
         while name in names:
             name += "'"

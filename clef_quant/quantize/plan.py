@@ -3,9 +3,11 @@
 llm-compressor resolves each quantization modifier to config groups (scheme + targets) and an ignore list;
 matching those against the model's Linear modules gives, per module, the scheme it will get. Two things are
 refused here, with every offending module listed at once: quantizing a module that must stay bf16 (the head
-reads `lm_head`; the vision tower and DeltaNet gates stay exact), and giving the members of a group vLLM fuses
+reads `lm_head`; the vision tower and DeltaNet gates stay exact), giving the members of a group vLLM fuses
 different schemes (one fused GEMM has one quantization method; llm-compressor itself would stop with an
-assertion midway through calibration).
+assertion midway through calibration), and giving the experts of a MoE layer different schemes, one kept bf16
+among quantized ones included (vLLM runs a layer's experts as one kernel of one scheme, read from the first
+expert: no vLLM could load the release).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from clef_quant.formatting import first_few
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.recipes import is_kept_bf16, keep_bf16
 from clef_quant.quantize.schemes import BF16, fused_groups_of, scheme_label
+from clef_vllm.cpu_experts import mixed_expert_layers
 
 MAX_LISTED = 8
 
@@ -80,6 +83,7 @@ def plan_quantization(model: Any, recipe: Any) -> QuantPlan:
     family = family_of_config(config.to_dict()) if config is not None else None
     _refuse_keep_list(schemes, keep_bf16(family))
     _refuse_split_fused_groups(schemes)
+    _refuse_mixed_experts(schemes)
     if not any(label != BF16 for label in schemes.values()):
         raise QuantizeError("the recipe quantizes no Linear module of this model; check its targets")
     return QuantPlan(schemes=schemes)
@@ -117,3 +121,20 @@ def _refuse_split_fused_groups(schemes: dict[str, str]) -> None:
             f"vLLM fuses these modules into one layer, so they need one scheme: {_listing(bad)}; "
             "target or ignore the whole group together"
         )
+
+
+def _refuse_mixed_experts(schemes: dict[str, str]) -> None:
+    mixed = mixed_expert_layers(schemes, schemes.__getitem__)
+    if not mixed:
+        return
+    described = []
+    for layer, by_scheme in mixed.items():
+        counts = sorted(by_scheme.items(), key=lambda item: len(item[1]))
+        fewest, *rest = counts
+        example = fewest[1][0].removeprefix(layer.rsplit(".", 1)[0] + ".")
+        others = ", ".join(f"{len(modules)} {label}" for label, modules in rest)
+        described.append(f"{layer} ({len(fewest[1])} {fewest[0]}, e.g. {example}; {others})")
+    raise QuantizeError(
+        f"vLLM runs the experts of a MoE layer as one kernel of one scheme, so no vLLM could load a release that mixes "
+        f"them: {_listing(described)}; target or ignore every expert of a layer together"
+    )

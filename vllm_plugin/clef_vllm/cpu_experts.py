@@ -1,36 +1,69 @@
-"""Which quantized mixture-of-experts releases vLLM's CPU build can run, checked before an engine starts.
+"""Which quantized mixture-of-experts releases vLLM can run, checked before an engine starts.
+
+vLLM runs the experts of a MoE layer as one fused kernel of one scheme: it takes the scheme of the first expert's
+projections (vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors_moe/
+compressed_tensors_moe.py) and loads every expert's tensors as that scheme. A release that keeps some experts of a
+layer bf16 (named in its `ignore` list) and quantizes the others is one no vLLM can load, on any device; it is
+refused here with the layer named.
 
 vLLM 0.32's CPU build has two kernels for quantized experts (vllm/model_executor/layers/fused_moe/experts/
 cpu_moe.py): FP8 weights in 128x128 blocks with dynamic 128-wide activation groups (`CPUExpertsFp8`, which needs
 AMX tiles; `clef-quant quantize --scheme fp8-block`), and 4-bit integer weights with bf16 activations (the
 WNA16 path; `--scheme w4a16`). Any other expert scheme leaves vLLM without a backend, and the engine dies in its
-worker with "Unsupported FP8 MoE backend: NONE". Dense models (clef-flash, the 27B) are not affected.
+worker with "Unsupported FP8 MoE backend: NONE". Experts all kept bf16 run anywhere. Dense models (clef-flash,
+the 27B) are not affected.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from clef_vllm.errors import CheckpointError
 
 CPU_EXPERT_SCHEMES = "fp8-block (on CPUs with AMX) or w4a16"
+INDEX_FILE = "model.safetensors.index.json"
+# An expert's projection: `<layer>.mlp.experts.<expert>.<projection>` (one Linear per expert, as released).
+_EXPERT = re.compile(r"(?P<layer>.+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<projection>[^.]+)")
+
+
+def expert_layer(module: str) -> str | None:
+    """The MoE layer (`....mlp.experts`) whose expert projection `module` is, or None for any other module."""
+    found = _EXPERT.fullmatch(module)
+    return found.group("layer") if found else None
+
+
+def mixed_expert_layers(modules: Iterable[str], scheme: Callable[[str], str]) -> dict[str, dict[str, list[str]]]:
+    """Per MoE layer whose expert projections do not all get one scheme: the projections of each scheme."""
+    layers: dict[str, dict[str, list[str]]] = {}
+    for module in modules:
+        layer = expert_layer(module)
+        if layer is not None:
+            layers.setdefault(layer, {}).setdefault(scheme(module), []).append(module)
+    return {layer: schemes for layer, schemes in layers.items() if len(schemes) > 1}
 
 
 def check_cpu_experts(model: str | Path) -> None:
-    """On a machine without a GPU, refuse (with what to do instead) a MoE release whose quantized experts vLLM's
-    CPU build cannot run."""
+    """Refuse a MoE release that keeps some experts of a layer bf16 and quantizes the others (no vLLM loads it),
+    and, on a machine without a GPU, one whose quantized experts vLLM's CPU build cannot run (with what to do)."""
     from clef_vllm.invariance import uses_gpu
 
-    if uses_gpu():
-        return
-    config = _read_config(Path(model))
+    folder = Path(model)
+    config = _read_config(folder)
     if config is None or not _has_experts(config):
         return
     quantization = config.get("quantization_config") or {}
-    if not quantization or _experts_ignored(quantization.get("ignore") or []):
+    if not quantization:
+        return
+    ignore = [str(entry) for entry in quantization.get("ignore") or []]
+    experts = sorted(module for module in _stored_modules(folder) if expert_layer(module) is not None)
+    mixed = mixed_expert_layers(experts, lambda module: "bf16" if _ignored(module, ignore) else "quantized")
+    if mixed:
+        raise CheckpointError(f"{model}: {_describe_mixed(mixed)}")
+    if uses_gpu() or (experts and all(_ignored(module, ignore) for module in experts)):
         return
     for group in (quantization.get("config_groups") or {}).values():
         if isinstance(group, dict) and not _runs_on_cpu(group):
@@ -41,6 +74,20 @@ def check_cpu_experts(model: str | Path) -> None:
             )
 
 
+def _describe_mixed(mixed: dict[str, dict[str, list[str]]]) -> str:
+    layer, schemes = next(iter(mixed.items()))
+    kept = schemes["bf16"]
+    total = sum(len(modules) for modules in schemes.values())
+    shown = ", ".join(module.removeprefix(layer.rsplit(".", 1)[0] + ".") for module in kept[:3])
+    more = f" (and {len(mixed) - 1} more layer(s) alike)" if len(mixed) > 1 else ""
+    return (
+        f"{layer} keeps {len(kept)} of its {total} expert projections bf16 ({shown}{', ...' if len(kept) > 3 else ''})"
+        f" and quantizes the rest{more}; vLLM runs a MoE layer's experts as one kernel of one scheme, so no vLLM "
+        "can load this release. Quantize the bf16 release again with every expert of a layer quantized alike, or "
+        "all of them kept bf16"
+    )
+
+
 def _read_config(folder: Path) -> dict[str, Any] | None:
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -49,22 +96,50 @@ def _read_config(folder: Path) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
+def _stored_modules(folder: Path) -> set[str]:
+    """The modules the folder stores tensors of (a tensor `<module>.<name>`), read from the weights index or from
+    the safetensors headers; empty where neither can be read (vLLM reports that folder itself)."""
+    try:
+        names: Iterable[str] = json.loads((folder / INDEX_FILE).read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError):
+        names = _header_names(folder)
+    return {name.rsplit(".", 1)[0] for name in names if "." in name}
+
+
+def _header_names(folder: Path) -> list[str]:
+    from safetensors import safe_open
+
+    names: list[str] = []
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                names.extend(handle.keys())
+        except (OSError, ValueError, RuntimeError):
+            continue
+    return names
+
+
+def _ignored(module: str, ignore: list[str]) -> bool:
+    """Whether compressed-tensors' `ignore` keeps `module` bf16, matched as vLLM matches it: the name itself, or a
+    `re:` pattern matching from the name's start."""
+    for entry in ignore:
+        if not entry.startswith("re:"):
+            if entry == module:
+                return True
+            continue
+        try:
+            if re.match(entry[3:], module):
+                return True
+        except re.error:
+            continue  # a pattern vLLM cannot read either; it reports the folder itself
+    return False
+
+
 def _has_experts(config: dict[str, Any]) -> bool:
     """Whether any (nested) model config has routed experts (Omni keeps them in thinker_config.text_config)."""
     if (config.get("num_experts") or 0) > 0:
         return True
     return any(isinstance(value, dict) and _has_experts(value) for value in config.values())
-
-
-def _experts_ignored(ignore: list[str]) -> bool:
-    expert = "model.layers.0.mlp.experts.0.gate_proj"
-    for entry in ignore:
-        if entry.startswith("re:"):
-            if re.search(entry[3:], expert):
-                return True
-        elif ".mlp.experts." in entry:
-            return True
-    return False
 
 
 def _runs_on_cpu(group: dict[str, Any]) -> bool:

@@ -33,7 +33,6 @@ from typing import Any
 import torch
 
 from clef_vllm.answers import response_from_logits
-from clef_vllm.cpu_experts import check_cpu_experts
 from clef_vllm.cpu_threads import bind_rank_threads, parallel_ranks
 from clef_vllm.encoder import Encoder
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
@@ -50,6 +49,7 @@ from clef_vllm.invariance import (
 )
 from clef_vllm.plugin import architecture_overrides
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
+from clef_vllm.release_kernels import check_release_kernels
 from clef_vllm.release_source import BACKBONE_CONFIG, local_release
 from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits
 from clef_vllm.vllm_logs import show_vllm_warnings_once
@@ -255,7 +255,7 @@ class ClefEngine:
         from vllm import LLM
 
         local_release(model)  # a release folder or a Hub id, before vLLM starts
-        check_cpu_experts(model)
+        check_release_kernels(model)
         args = engine_args(
             model, max_model_len=max_model_len, batch_invariant=batch_invariant, limits=limits, **engine_kwargs
         )

@@ -16,8 +16,8 @@ import sys
 import typing
 from typing import Any, NoReturn
 
-from clef_vllm.cpu_experts import check_cpu_experts
 from clef_vllm.errors import USAGE_EXIT, CheckpointError, ClefError, SettingsError, usage_error_line
+from clef_vllm.release_kernels import check_release_kernels
 from clef_vllm.release_source import local_release
 from clef_vllm.server.settings import ServeConfig, Setting, flag_of, setting_of
 
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         local_release(config.model)
-        check_cpu_experts(config.model)
+        check_release_kernels(config.model)
     except CheckpointError as exc:
         refuse(str(exc))
     try:
