@@ -237,6 +237,17 @@ class SharedEngines:
         self.settings = {"max_model_len": max_model_len, "enforce_eager": "True", **engine_kwargs}
         self.opened: list[Path] = []
 
+    def check(self, folder: Path) -> None:
+        """The settings the session's engine over `folder` starts with, checked as eval checks its own."""
+        from conftest import ENGINE_MAX_MODEL_LEN, small_kv_cache
+
+        from clef_vllm.engine_check import check_engine_settings
+
+        with small_kv_cache() as kv_cache:
+            check_engine_settings(
+                folder, max_model_len=ENGINE_MAX_MODEL_LEN, enforce_eager=True, **kv_cache, **self.engine_kwargs
+            )
+
     @contextmanager
     def open(self, folder: Path) -> Iterator[Any]:
         self.opened.append(folder)

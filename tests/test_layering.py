@@ -48,7 +48,7 @@ CLEF_VLLM_LAYERS: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...] = (
         "vLLM model and engines",
         (
             "pooling_contract", "vllm_logs", "cpu_conv1d", "cpu_fp8", "cpu_threads", "invariance", "cpu_experts",
-            "release_kernels", "engine_options", "vllm_model", "plugin", "engine", "vllm_strategy",
+            "release_kernels", "engine_options", "vllm_model", "plugin", "engine", "engine_check", "vllm_strategy",
         ),
         HTTP,
     ),

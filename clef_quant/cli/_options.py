@@ -7,6 +7,7 @@ bad value ends like every other user error: one `error:` line on stderr, exit 2,
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -261,6 +262,15 @@ def eager_engine_kwargs(
         why = "clef-systemone refuses it, and every engine this command starts, its servers too, gets --engine-arg"
         raise fail(str(exc), hint=why if server else None) from None
     return {**({"enforce_eager": True} if enforce_eager else {}), **overrides}
+
+
+def check_engines(folders: Iterable[str | Path], *, max_model_len: int, **engine_kwargs: Any) -> None:
+    """Each release's engine checked as it would start (vLLM's configuration of it, nothing loaded), before the
+    command does any work: a release without kernels here or a value vLLM refuses ends it in one line."""
+    from clef_vllm.engine_check import check_engine_settings
+
+    for folder in folders:
+        check_engine_settings(folder, max_model_len=max_model_len, **engine_kwargs)
 
 
 EngineArgOption = Annotated[

@@ -20,6 +20,7 @@ from clef_quant.cli._options import (
     EnforceEagerOption,
     EngineArgOption,
     calibration_records_option,
+    check_engines,
     device_option,
     dtype_option,
     eager_engine_kwargs,
@@ -175,11 +176,12 @@ def serve(
 
     _require_release(model, hint=f"clef-quant make-tiny {model} --size small")
     report, section = split_section(out.read_text(encoding="utf-8") if out.is_file() else "")
+    # A bad --engine-arg is refused before anything starts, as clef-systemone would refuse it and as vLLM would.
+    check_engines([model], max_model_len=max_model_len, **eager_engine_kwargs(False, engine_arg, server=True))
     if long_inputs:
         _long_inputs(model, max_model_len, clients or 4, out, report)
         return
     clients = clients or 32
-    eager_engine_kwargs(False, engine_arg, server=True)  # a bad --engine-arg is refused before anything starts
     with _server_exits(), stage_line("benchmarking") as progress:
         result = run_serve_bench(
             model,
@@ -345,6 +347,7 @@ def modes(
             if name not in names:
                 raise fail(f"{flag} {name}: not one of the releases ({', '.join(names)})")
     engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg, server=True)
+    check_engines([folder for _, folder, _ in releases], max_model_len=max_model_len, **engine_kwargs)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = out or Path(f"bench/results/modes-{device.type}.md")
     check_report_out(out)
@@ -467,6 +470,7 @@ def throughput(
 
     warn_batch_size_retired(batch_size)
     engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
+    check_engines([folder for _, folder in folders], max_model_len=max_model_len, **engine_kwargs)
     quiet_tools(False, VLLM_QUIET)
     requests = load_requests(data, records)
     with stage_line("benchmarking") as progress:
@@ -766,6 +770,7 @@ def latency(
         seen.add(folder.resolve())
     engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
     check_report_out(out)
+    check_engines(release, max_model_len=max_model_len, **engine_kwargs)
     runs = []
     with stage_line("building the workloads"):
         for folder in release:

@@ -16,6 +16,9 @@ class EngineProvider(Protocol):
 
     settings: dict[str, Any]
 
+    def check(self, folder: Path) -> None:
+        """Raise `SettingsError` or `CheckpointError` where an engine over `folder` could not start; starts nothing."""
+
     def open(self, folder: Path) -> Any:
         """A context manager yielding a `ClefEngine` over `folder`."""
 
@@ -33,6 +36,11 @@ class FreshEngines:
             "max_model_len": max_model_len,
             **{k: repr(v) for k, v in sorted(self.engine_kwargs.items())},
         }
+
+    def check(self, folder: Path) -> None:
+        from clef_vllm.engine_check import check_engine_settings
+
+        check_engine_settings(folder, max_model_len=self.max_model_len, **self.engine_kwargs)
 
     @contextmanager
     def open(self, folder: Path) -> Iterator[Any]:

@@ -2,9 +2,11 @@
 
 Sequence:
 1. Read and validate every line of DATA (a bad line stops here with file:line, before any model loads).
-2. Fingerprint each side's folder and encode every record with that side's tokenizer (a record too long for
-   --max-model-len also stops here). Sides, in order: the reference (transformers, bf16: the release's own path),
-   the noise floor (the same bf16 folder through the vLLM plugin) and each candidate (through the plugin).
+2. Fingerprint each side's folder, check each plugin side's engine as vLLM would configure it (nothing loaded:
+   a release without kernels here, an engine argument vLLM refuses) and encode every record with that side's
+   tokenizer (a record too long for --max-model-len also stops here). Sides, in order: the reference
+   (transformers, bf16: the release's own path), the noise floor (the same bf16 folder through the vLLM plugin)
+   and each candidate (through the plugin).
 3. For each side, look every record up in its probability store; score only the missing ones, one side at a time
    (one model in memory), task by task, appending to the store after every batch.
 4. Compare each side with the reference per task and for All, with every metric of the registry; draw the
@@ -103,6 +105,8 @@ def run_eval(
     engines = engines or FreshEngines(max_model_len=config.max_model_len)
     try:
         sides = plan_sides(config, engines.settings, progress)
+        for folder in dict.fromkeys(side.folder for side in sides[1:]):
+            engines.check(folder)  # what its engine would refuse ends the run before the reference scores
     except CheckpointError as exc:
         raise DataError(str(exc)) from None
 

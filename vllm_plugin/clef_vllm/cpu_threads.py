@@ -8,7 +8,8 @@ physical cores are split evenly between the ranks here instead, one logical CPU 
 picks on x86; when there are more cores than ranks, one is left to the server and the engine cores (vLLM keeps
 cores for them too). Fewer cores than ranks is refused (the ranks would share cores and slow each other down),
 and so is a machine of several NUMA nodes but fewer than ranks, where the split is the user's to choose. A
-binding the user set (`VLLM_CPU_OMP_THREADS_BIND`) is kept, checked only for one CPU list per rank.
+binding the user set (`VLLM_CPU_OMP_THREADS_BIND`) is kept, checked for one CPU list per rank, each one vLLM
+can parse, naming CPUs this process may use (vLLM reads it only in the engine's workers, after the server listens).
 
 A data parallel engine may get fewer threads than a lone engine. On the tiny checkpoint that changes no bit (1
 and 2 threads gave the same answers to the last bit); larger layers on many cores are not measured.
@@ -17,6 +18,7 @@ and 2 threads gave the same answers to the last bit); larger layers on many core
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -25,6 +27,7 @@ from clef_vllm.errors import SettingsError
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 _VLLM_AUTO = "auto"
 _NO_BINDING = "nobind"
+_ID_OR_RANGE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", re.ASCII)
 
 
 class LogicalCpu(NamedTuple):
@@ -54,6 +57,9 @@ def omp_binding(ranks: int, cpus: Sequence[LogicalCpu], nodes: Sequence[int], cu
                 f"{BIND_ENV}={current!r} gives {len(lists)} CPU list(s) and {_ranks_text(ranks)} need one each, "
                 "separated by '|'"
             )
+        allowed = {cpu.id for cpu in cpus}
+        for text in lists:
+            _check_cpu_list(current, text, allowed)
         return None
     if len(nodes) >= ranks:
         return None
@@ -74,6 +80,47 @@ def omp_binding(ranks: int, cpus: Sequence[LogicalCpu], nodes: Sequence[int], cu
     per_rank = (len(cores) - (1 if len(cores) > ranks else 0)) // ranks
     groups = [cores[rank * per_rank : (rank + 1) * per_rank] for rank in range(ranks)]
     return "|".join(",".join(str(cpu.id) for cpu in group) for group in groups)
+
+
+def cpu_list_ids(text: str) -> list[int] | None:
+    """The CPU ids of one rank's list as vLLM reads it (`0-3,8`: ids and inclusive ranges), or None where vLLM's
+    parser would fail (vllm/utils/cpu_resource_utils.py `parse_id_list`, called in the engine's own process)."""
+    ids: list[int] = []
+    for part in text.split(","):
+        found = _ID_OR_RANGE.fullmatch(part)
+        if found is None:
+            return None
+        first, last = found.group(1), found.group(2) or found.group(1)
+        ids.extend(range(int(first), int(last) + 1))
+    return ids
+
+
+def _check_cpu_list(binding: str, text: str, allowed: set[int]) -> None:
+    """Refuse a rank's list that vLLM could not parse, that names no CPU, or that names CPUs this process may not
+    use: the engine would stop in its worker only after the server started listening."""
+    ids = cpu_list_ids(text)
+    where = f"{BIND_ENV}={binding!r}: {text!r}"
+    if ids is None:
+        raise SettingsError(f"{where} is not a CPU list (ids and ranges such as 0-3,8; one list per rank, '|' between)")
+    if not ids:
+        raise SettingsError(f"{where} names no CPU (a range such as 3-1 is empty)")
+    foreign = sorted(set(ids) - allowed) if allowed else []
+    if foreign:
+        raise SettingsError(
+            f"{where} names CPU {', '.join(map(str, foreign[:4]))}, which this process may not use (it may use "
+            f"{len(allowed)}: {_id_ranges(sorted(allowed))})"
+        )
+
+
+def _id_ranges(ids: list[int]) -> str:
+    """`0-3,8` for [0, 1, 2, 3, 8]."""
+    runs: list[list[int]] = []
+    for cpu in ids:
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _ranks_text(ranks: int) -> str:

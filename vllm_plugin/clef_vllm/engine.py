@@ -36,6 +36,7 @@ from clef_vllm.answers import response_from_logits
 from clef_vllm.cpu_threads import bind_rank_threads, parallel_ranks
 from clef_vllm.encoder import Encoder
 from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
+from clef_vllm.engine_options import check_quantization, refuse_engine_keys
 from clef_vllm.errors import RequestError, SettingsError
 from clef_vllm.invariance import (
     GPU_STEP_TOKENS,
@@ -72,14 +73,28 @@ def apply_cpu_defaults(kv_cache_memory_bytes: int | None = None) -> None:
 
 
 @contextlib.contextmanager
-def own_kv_cache(kv_cache_memory_bytes: Any) -> Iterator[None]:
+def own_kv_cache(kv_cache_memory_bytes: Any, *, warn: bool = True) -> Iterator[None]:
     """While an engine's configuration is built and its processes start: an engine given `kv_cache_memory_bytes`
     gets that size. vLLM's CPU platform would put VLLM_CPU_KVCACHE_SPACE over it (and the engine would report a
     size it does not use), so the variable is out of the environment meanwhile, with one warning when a user set
-    it (not this module's own default)."""
+    it (not this module's own default; `warn=False` leaves it to `warn_kv_cache_space_ignored`)."""
     given = os.environ.get(CPU_KV_CACHE_ENV, "")
     if kv_cache_memory_bytes is None or not given or uses_gpu():
         yield
+        return
+    if warn:
+        warn_kv_cache_space_ignored(kv_cache_memory_bytes)
+    del os.environ[CPU_KV_CACHE_ENV]
+    try:
+        yield
+    finally:
+        os.environ[CPU_KV_CACHE_ENV] = given
+
+
+def warn_kv_cache_space_ignored(kv_cache_memory_bytes: Any) -> None:
+    """One warning per value when a user's VLLM_CPU_KVCACHE_SPACE gives way to an engine's own size."""
+    given = os.environ.get(CPU_KV_CACHE_ENV, "")
+    if kv_cache_memory_bytes is None or not given or uses_gpu():
         return
     if [given] != _defaulted_kv_cache and given not in _warned:
         _warned.add(given)
@@ -88,11 +103,6 @@ def own_kv_cache(kv_cache_memory_bytes: Any) -> Iterator[None]:
             f"{kv_cache_memory_bytes} (--engine-arg) sets the KV cache",
             file=sys.stderr,
         )
-    del os.environ[CPU_KV_CACHE_ENV]
-    try:
-        yield
-    finally:
-        os.environ[CPU_KV_CACHE_ENV] = given
 
 
 def schedule_args(
@@ -157,6 +167,8 @@ def engine_args(
     With media switched off (no images and no videos allowed) the vision tower is not even loaded."""
     from vllm.config import PoolerConfig
 
+    refuse_engine_keys(overrides)
+    check_quantization(model, overrides.get("quantization"))
     gpu = uses_gpu() if gpu is None else gpu
     schedule = schedule_args(
         max_model_len=max_model_len,

@@ -3,7 +3,8 @@
 KEY is a field of vLLM's `EngineArgs` (`gpu_memory_utilization`, `kv_cache_memory_bytes`, `gdn_prefill_backend`,
 `compilation_config`, ...); VALUE is read as JSON when it parses (numbers, `true`, objects) and as text otherwise.
 The arguments that make an engine a Clef engine are the plugin's, and those a command has its own flag for are
-refused with that flag's name, so each setting has one way in.
+refused with that flag's name, so each setting has one way in. A few no Clef engine takes at all (`REFUSED`) are
+refused with the reason, and `quantization` only where it names the folder's own method.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from clef_vllm.errors import SettingsError
@@ -24,6 +26,14 @@ HELP = (
 
 # What the plugin sets to run the joint schema head; changing any of them breaks the engine or its answers.
 PLUGIN_OWNED = ("model", "runner", "pooler_config", "hf_overrides", "enable_prefix_caching", "dtype", "convert")
+
+# Engine arguments no Clef engine takes, whatever their value, and why.
+REFUSED = {
+    "trust_remote_code": "a Clef release never needs code of its own (clef-quant inspect fails a folder holding "
+    "any), and with it vLLM would run the .py files of the release folder",
+    "pipeline_parallel_size": "a Clef engine runs no pipeline parallelism (the joint schema head reads the last "
+    "hidden states of the whole model in one rank); use tensor or data parallelism",
+}
 
 # Engine arguments that most commands expose as flags of their own.
 COMMON_FLAGS = {"max_model_len": "--max-model-len", "enforce_eager": "--enforce-eager"}
@@ -68,6 +78,8 @@ def engine_overrides(items: Sequence[str], flags: Mapping[str, str] = COMMON_FLA
         key, value = parse_engine_arg(text)
         if key in PLUGIN_OWNED:
             raise SettingsError(f"{FLAG} {key}=... is set by clef-vllm to run the joint schema head")
+        if key in REFUSED:
+            raise SettingsError(f"{FLAG} {key}=... is refused: {REFUSED[key]}")
         if key in flags:
             raise SettingsError(f"{FLAG} {key}=...: use {flags[key]}")
         known = known or engine_arg_names()
@@ -84,3 +96,35 @@ def engine_overrides(items: Sequence[str], flags: Mapping[str, str] = COMMON_FLA
 def server_engine_overrides(items: Sequence[str]) -> dict[str, Any]:
     """The engine arguments `items` ask for, refused where clef-systemone refuses them."""
     return engine_overrides(items, SERVER_FLAGS)
+
+
+def refuse_engine_keys(keys: Iterable[str]) -> None:
+    """`SettingsError` for an engine argument no Clef engine takes (`ClefEngine`'s keywords meet this too)."""
+    for key in keys:
+        if key in REFUSED:
+            raise SettingsError(f"engine argument {key} is refused: {REFUSED[key]}")
+
+
+def check_quantization(model: str | Path, quantization: Any) -> None:
+    """Refuse an engine's `quantization` that is not the release folder's own method: on a bf16 folder vLLM would
+    quantize the weights as it loads them (online quantization), which is no Clef release and none the project has
+    evaluated; on a quantized folder vLLM reads the method from its config.json."""
+    if quantization is None:
+        return
+    config = Path(model) / "config.json"
+    try:
+        stored = json.loads(config.read_text(encoding="utf-8")).get("quantization_config") or {}
+    except (OSError, ValueError, AttributeError):
+        return  # a Hub id, or a folder vLLM will report itself
+    method = stored.get("quant_method") if isinstance(stored, dict) else None
+    given = f"quantization={json.dumps(quantization)}"
+    if not method:
+        raise SettingsError(
+            f"{given}: {model} is a bf16 release, and vLLM would quantize it as it loads (online quantization), "
+            "which is not a Clef release; make a quantized release with clef-quant quantize and serve that folder"
+        )
+    if str(quantization).replace("_", "-") != str(method).replace("_", "-"):
+        raise SettingsError(
+            f"{given}: {model} is quantized with {method} (its config.json's quantization_config); leave "
+            "quantization out, vLLM reads the method from the folder"
+        )

@@ -46,7 +46,10 @@ class WarningsOnce(logging.Filter):
         return verdict
 
     def _first_time(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # arguments that do not fit the format (vLLM logs a seed with %d unchecked)
+            message = str(record.msg)
         if any(pattern.search(message) for pattern in SILENCED):
             return False
         key = (record.name, message)

@@ -22,8 +22,8 @@ import torch
 from clef_vllm.answers import response_from_logits
 from clef_vllm.encoder import Encoder, load_tokenizer
 from clef_vllm.encoding import Encoding
-from clef_vllm.engine import engine_prompt, own_kv_cache, prepare_engine_process
-from clef_vllm.errors import SettingsError
+from clef_vllm.engine import engine_prompt
+from clef_vllm.engine_check import engine_config
 from clef_vllm.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.request import ClefRequest
 from clef_vllm.server.model_info import model_info
@@ -90,14 +90,6 @@ class Load:
             self.in_progress[name] -= 1
 
 
-def vllm_refusal(exc: ValueError) -> str:
-    """vLLM's reason for refusing a configuration, as one line (pydantic wraps it in a validation report)."""
-    errors = getattr(exc, "errors", None)
-    message = str(errors()[0]["msg"]) if callable(errors) else str(exc)
-    lines = message.strip().splitlines() or [type(exc).__name__]
-    return lines[0].removeprefix("Value error, ")
-
-
 class EngineBackend:
     """Owns the async engine; `score` turns one request body into a response body."""
 
@@ -120,19 +112,12 @@ class EngineBackend:
         """Build vLLM's engine configuration (fast: nothing is loaded). The server does it before it listens, so
         settings vLLM refuses (a `--tp` that does not divide the model's heads, an `--engine-arg` out of range) end
         the command with one line, not as an engine that dies while the server waits (which a supervisor restarts)."""
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.usage.usage_lib import UsageContext
-
         # vLLM labels its metrics with this name: the one /v1/models shows, never the folder's path.
         name = model_info(self.config.model, self.config.served_model_name).name
         kwargs = {**self.config.engine_kwargs(), "served_model_name": name}
-        prepare_engine_process(self.config.batch_invariant, self.config.model, kwargs)
-        show_vllm_warnings_once()
-        try:
-            with own_kv_cache(kwargs.get("kv_cache_memory_bytes")):  # vLLM's CPU platform reads it here
-                self.vllm_config = AsyncEngineArgs(**kwargs).create_engine_config(UsageContext.ENGINE_CONTEXT)
-        except ValueError as exc:  # pydantic's ValidationError is one too
-            raise SettingsError(f"vLLM refuses the engine settings: {vllm_refusal(exc)}") from None
+        self.vllm_config = engine_config(
+            self.config.model, kwargs, batch_invariant=self.config.batch_invariant, serving=True
+        )
 
     def start(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
