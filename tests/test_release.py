@@ -40,6 +40,7 @@ from clef_quant.publish.errors import PublishError
 from clef_quant.publish.folder import tree_files
 from clef_quant.publish.provenance import resolve_base_model, resolve_license
 from clef_quant.publish.provenance import source_front_matter as read_source_front_matter
+from clef_quant.quantize.engines_loading import Verdict, engine_rows
 from clef_quant.quantize.inspect import inspect_checkpoint
 from clef_quant.release_folder.manifest import MANIFEST_FILE, CardEntry, Manifest, is_shipped_recipe, read_manifest
 from clef_quant.release_folder.writer import OWNER_FILE, Writer, boot_id, process_start_ticks
@@ -451,6 +452,17 @@ def test_card_states_what_inspect_reads(carded: Path) -> None:
     for name in manifest_of(carded).files:
         top = name.split("/", 1)[0]
         assert f"`{name}`" in files or f"`{top}/ (" in files, name
+
+
+def test_card_engine_table_is_the_engines_checks(carded: Path) -> None:
+    """The card's engines table is what engines_loading and engines_compat say of these files, row for row."""
+    section = (carded / "README.md").read_text().split("\n## Engines\n")[1].split("\n## Hardware\n")[0]
+    header, _, *lines = tables(section)[0].splitlines()
+    rows = [table_cells(line) for line in lines]
+    checked = engine_rows(carded)
+    assert table_cells(header)[0] == "engine" and len(rows) == len(checked)
+    assert [(row[0], row[3]) for row in rows] == [(r["engine"], r["loads"]) for r in checked]
+    assert {r["verdict"] for r in checked} == {Verdict.LOADS, None}
 
 
 def table_cells(line: str) -> list[str]:

@@ -43,6 +43,7 @@ from clef_quant.publish.provenance import (
 from clef_quant.publish.reproduce import reproduce_commands
 from clef_quant.publish.results import EvalResults, read_results, read_throughput
 from clef_quant.publish.upload import validate_repo_id
+from clef_quant.quantize.engines_loading import engine_rows
 from clef_quant.quantize.recipes import keep_reasons
 from clef_quant.quantize.registry import Registry, schemes
 from clef_quant.release_folder.fingerprints import manifest_fingerprint
@@ -255,6 +256,7 @@ def card_context(
         "labels": tables["labels"],
         "tables": tables,
         "other_tensors": folder_facts.other_tensors(folder, report),
+        "engines": engine_rows(folder),
         "head": folder_facts.head_summary(folder),
         "backbone_bytes": folder_facts.backbone_bytes(files),
         "source_bytes": folder_facts.source_backbone_bytes(manifest),
