@@ -1,12 +1,10 @@
 """How each engine loads a compressed-tensors `Qwen3_5ForConditionalGeneration` checkpoint, as data (one row per
 engine); `quantize/engines_loading.py` applies the rows to a release folder.
 
-Every value was read from the engine's released code (the wheel's Python source) and carries the file and line it
-came from. vLLM 0.32.0, 0.33.0 and 0.34.0 apply the same rules (vLLM 0.33.0's lines are 0.34.0's, but
-`quantization/utils/config_utils.py`, where `find_matching_patterns` sits at line 384); clef-vllm's
-`ClefFlashForJointSchema` subclasses vLLM 0.32's `Qwen3_5ForConditionalGeneration` and keeps its mappers, and vLLM
->= 0.33's own `clef_flash.py` does the same.
-"""
+Every value was read from the engine's released code (the Python source of its wheel) and carries the file and line
+it came from. vLLM 0.32.0, 0.33.0 and 0.34.0 apply the same rules; the `vLLM >= 0.33` row cites 0.34.0, where 0.33.0
+holds the same code at nearby lines. clef-vllm's `ClefFlashForJointSchema` subclasses vLLM 0.32's
+`Qwen3_5ForConditionalGeneration` and keeps its mappers, as vLLM >= 0.33's own `clef_flash.py` does."""
 
 from __future__ import annotations
 
