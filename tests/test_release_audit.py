@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from clef_quant.cli import app
 from clef_quant.publish.upload import check_release
+from clef_quant.quantize import registry
 from clef_quant.quantize.inspect import inspect_checkpoint
 from clef_quant.quantize.inspect_report import (
     CHECK_FUSED,
@@ -90,7 +91,7 @@ def only_violations(folder: Path, check: str) -> list[tuple[str, str]]:
 
 # -- every release quantize writes passes ------------------------------------------------------------------------
 
-TINY_SCHEMES = ["fp8-dynamic", "fp8-block", "nvfp4", "nvfp4-hybrid", "nvfp4a16", "w4a16"]
+TINY_SCHEMES = registry.schemes().names  # every scheme quantize ships
 FAMILY_RELEASES = [("omni-tiny", "fp8-dynamic"), ("omni-tiny", "nvfp4"), ("omni-tiny", "fp8-block")]
 FAMILY_RELEASES += [("clef-tiny", "nvfp4a16")]
 
