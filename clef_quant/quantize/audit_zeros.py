@@ -161,13 +161,12 @@ def _zeroed(name: str, codes: _Codes, args: dict[str, Any], source: SourceWeight
     lost_rows = int((zero_rows & source_nonzero.any(dim=1)).sum())
     r, c = (int(i) for i in lost.nonzero()[0])
     first = f"rows {r * block_rows}-{min(rows, (r + 1) * block_rows) - 1}" if block_rows > 1 else f"row {r}"
-    if block_cols < columns:
+    if block_cols == columns:  # one scale per row: a block is a row
+        what = f"{lost_rows} of {rows} row(s)"
+    else:
         first += f", columns {c * block_cols}-{min(columns, (c + 1) * block_cols) - 1}"
-    shape = f"{block_rows}x{block_cols} " if block_cols < columns else "row "
-    return (
-        f"{int(lost.sum())} {shape}block(s) all zero in the {codes.kind} weight where the bf16 source's are not "
-        f"({lost_rows} whole row(s); first: {first})"
-    )
+        what = f"{int(lost.sum())} block(s) of {block_rows}x{block_cols} values ({lost_rows} whole row(s))"
+    return f"{what} all zero in the {codes.kind} weight where the bf16 source's are not (first: {first})"
 
 
 def zero_block_violations(

@@ -69,7 +69,8 @@ def check_result(check: str, violations: list[Violation], detail_ok: str) -> Che
     failed = [v.subject for v in violations if v.check == check]
     if not failed:
         return CheckResult(check, "pass", detail_ok)
-    return CheckResult(check, "fail", f"{len(failed)} violation(s): {first_few(failed, FIRST_OFFENDERS, ', ')}")
+    subjects = list(dict.fromkeys(failed))  # one tensor may break a rule twice (not in the index, not the model's)
+    return CheckResult(check, "fail", f"{len(failed)} violation(s): {first_few(subjects, FIRST_OFFENDERS, ', ')}")
 
 
 @dataclass
