@@ -198,6 +198,18 @@ def test_a_zeroed_fp4_block_fails_against_the_source_and_passes_without_it(quant
     assert subject == DOWN and "row 9" in message and "not compared with the bf16 source" in message
 
 
+def test_a_hub_source_not_in_the_local_cache_is_named_and_not_downloaded(quantized_dir, tmp_path: Path) -> None:
+    folder = broken_copy(quantized_dir("nvfp4a16"), tmp_path / "hub-source")
+    manifest = read_manifest(folder)
+    assert manifest is not None
+    data = manifest.to_json()
+    data["source"] = {"id": "clef-tests/never-published", "revision": "abc123", "local": False}
+    write_manifest(folder, data)
+    report = inspect_checkpoint(folder)
+    assert report.ok and "rows only" in {c.name: c.detail for c in report.checks}[CHECK_ZEROS]
+    assert any("clef-tests/never-published@abc123 is not in the local Hugging Face cache" in n for n in report.notes)
+
+
 @pytest.mark.parametrize(("scheme", "rows", "columns", "expected"), [
     ("fp8-dynamic", slice(11, 12), slice(None), "row 11"),  # per-channel scales: a block is a row
     ("fp8-block", slice(0, 128), slice(128, 256), "rows 0-127, columns 128-255"),  # one 128x128 tile of two
