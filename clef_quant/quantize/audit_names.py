@@ -5,8 +5,8 @@ The model comes from its definition, not from the shards' names: compressed-tens
 anything else an exact module name or the name of a class in the module's bases, as `Linear`), and a class is not
 in a shard, nor is a module whose tensors went missing. Building the model on the meta device (as quantize's
 planner and streaming path do: no weights, a second at full size) gives every module with its class. MoE experts
-are linearized as quantize saves them (one Linear per expert, the names vLLM loads), so they count as Linear
-modules under their per-expert names.
+count as quantize saves them: one Linear per expert under its per-expert name (the names vLLM loads), a meta
+Linear standing for each (llm-compressor's own linearizing copies weights, which the meta device does not have).
 
 Rule 5 then compares the names: the index and the shards agree (an engine that reads the index never loads a
 tensor the index leaves out, and fails on one it names that its shard lacks), every tensor stored is one the
@@ -165,7 +165,7 @@ def _index_violations(folder: Path, stored: dict[str, StoredTensor]) -> list[Vio
             where = "is missing" if not (folder / str(shard)).is_file() else "does not hold it"
             message = f"{WEIGHTS_INDEX} names shard {shard}, which {where}: loading fails or leaves it unset"
             found.append(Violation(CHECK_NAMES, name, message))
-    for name in stored.keys() - weight_map.keys():
+    for name in sorted(stored.keys() - weight_map.keys()):
         message = f"in {stored[name].file.name} but not in {WEIGHTS_INDEX}: engines that read the index never load it"
         found.append(Violation(CHECK_NAMES, name, message))
     return found
@@ -196,7 +196,7 @@ def name_violations(
                 message = f"stored as {list(entry.shape)}; {view.architecture} loads {list(view.tensors[name])}"
                 found.append(Violation(CHECK_NAMES, name, message))
         elif view.dropped is not None and view.dropped.search(name):
-            continue  # transformers drops it on purpose, and engines skip it as well
+            continue  # the class drops it on purpose when it loads (Qwen3.5's multi-token-prediction layers)
         elif not (suffix in suffixes and module in view.modules):
             unexpected.append(name)
     for count, name in enumerate(unexpected):
