@@ -437,3 +437,19 @@ def test_starting_twice_installs_one_filter_that_survives_vllm_reconfiguring(mon
     finally:
         handler.setStream(previous)
     assert stream.getvalue().count("a warning only a second engine would repeat") == 1
+
+
+def test_shorter_prompts_go_first_in_the_engine_queue_by_classes_of_length(tiny_dir: Path) -> None:
+    from clef_vllm.server.backend import SHORT_PROMPT_TOKENS, EngineBackend, queue_priority
+    from clef_vllm.server.cli import parse_args
+
+    classes = [queue_priority(n) for n in (1, SHORT_PROMPT_TOKENS, SHORT_PROMPT_TOKENS + 1, 4096, 4097, 16384)]
+    assert classes == [0, 0, 1, 2, 3, 4]  # doublings past the short class; equal classes keep arrival order
+    backend = EngineBackend(parse_args(["--model", str(tiny_dir), "--max-model-len", "4096"]))
+    backend.configure()  # vLLM's configuration only: nothing is loaded
+    assert backend.vllm_config.scheduler_config.policy == "priority"
+    asked = EngineBackend(
+        parse_args(["--model", str(tiny_dir), "--max-model-len", "4096", "--engine-arg", "scheduling_policy=fcfs"])
+    )
+    asked.configure()
+    assert asked.vllm_config.scheduler_config.policy == "fcfs"  # an engine argument the user gives is kept

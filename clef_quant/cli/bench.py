@@ -179,7 +179,7 @@ def serve(
     # A bad --engine-arg is refused before anything starts, as clef-systemone would refuse it and as vLLM would.
     check_engines([model], max_model_len=max_model_len, **eager_engine_kwargs(False, engine_arg, server=True))
     if long_inputs:
-        _long_inputs(model, max_model_len, clients or 4, out, report)
+        _long_inputs(model, max_model_len, clients or 4, engine_arg or [], out, report)
         return
     clients = clients or 32
     with _server_exits(), stage_line("benchmarking") as progress:
@@ -202,14 +202,16 @@ def serve(
     )
 
 
-def _long_inputs(model: Path, max_model_len: int, clients: int, out: Path, report: str) -> None:
+def _long_inputs(model: Path, max_model_len: int, clients: int, engine_arg: list[str], out: Path, report: str) -> None:
     import torch
 
     from clef_quant.bench.environment import machine_name
     from clef_quant.bench.long_inputs import join_section, render_section, run_long_inputs_bench
 
     with stage_line("benchmarking") as progress:
-        result = run_long_inputs_bench(model, max_model_len=max_model_len, clients=clients, progress=progress)
+        result = run_long_inputs_bench(
+            model, max_model_len=max_model_len, clients=clients, engine_arg=engine_arg, progress=progress
+        )
     section = render_section(result, _command_line(), machine_name(torch.device("cpu")))
     _write_report(out, join_section(report, section) if report.strip() else section)
     worst = max(row.worst for row in result.rows)

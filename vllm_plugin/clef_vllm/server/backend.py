@@ -90,6 +90,21 @@ class Load:
             self.in_progress[name] -= 1
 
 
+# Prompts up to this many tokens share the first place in the engine's queue; each doubling past it comes one
+# place later.
+SHORT_PROMPT_TOKENS = 1024
+
+
+def queue_priority(num_tokens: int) -> int:
+    """Where a prompt waits in the engine's queue (vLLM's priority policy: lower first, then by arrival): shorter
+    prompts first, in doubling classes of length. A small request queued behind prompts of the model's full length
+    then waits for the step in progress, not for each of theirs; a step still holds one whole prompt or several, so
+    no answer changes. Classes, not lengths, so a long prompt is passed only by ones in a shorter class."""
+    if num_tokens <= SHORT_PROMPT_TOKENS:
+        return 0
+    return (num_tokens - 1).bit_length() - (SHORT_PROMPT_TOKENS - 1).bit_length()
+
+
 class EngineBackend:
     """Owns the async engine; `score` turns one request body into a response body."""
 
@@ -114,7 +129,7 @@ class EngineBackend:
         the command with one line, not as an engine that dies while the server waits (which a supervisor restarts)."""
         # vLLM labels its metrics with this name: the one /v1/models shows, never the folder's path.
         name = model_info(self.config.model, self.config.served_model_name).name
-        kwargs = {**self.config.engine_kwargs(), "served_model_name": name}
+        kwargs = {"scheduling_policy": "priority", **self.config.engine_kwargs(), "served_model_name": name}
         self.vllm_config = engine_config(
             self.config.model, kwargs, batch_invariant=self.config.batch_invariant, serving=True
         )
@@ -157,7 +172,8 @@ class EngineBackend:
         finished = False
         output = None
         try:
-            async for update in self.engine.encode(engine_prompt(encoding), params, request_id):
+            prompt, priority = engine_prompt(encoding), queue_priority(encoding.num_tokens)
+            async for update in self.engine.encode(prompt, params, request_id, priority=priority):
                 output = update
             finished = True
         finally:
