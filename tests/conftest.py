@@ -37,8 +37,8 @@ WORK_ORDER = (
     "test_readme_examples.py", "shared-servers", "test_family.py", "test_quality.py", "test_bench_entries.py",
     "test_invariance.py", "test_score_quantized.py", "test_omni_media.py", "test_release.py",
     "test_quantize_integrity.py", "test_server_hostile.py", "test_server_load.py", "test_wheel.py",
-    "test_server_metrics.py", "test_quantize_streaming.py", "test_engine_loading.py", "test_settings_refusals.py",
-    "test_release_audit.py",
+    "test_server_metrics.py", "test_server_signals.py", "test_quantize_streaming.py", "test_engine_loading.py",
+    "test_settings_refusals.py", "test_release_audit.py",
 )  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """`clef-systemone --dp N` and `--tp N` on a CPU: data parallel engines answer exactly as one engine does, every
-rank gets cores of its own, and what vLLM cannot run ends the command with one `error:` line.
+rank gets cores of its own, what vLLM cannot run ends the command with one `error:` line, and one engine's death
+ends the server within seconds.
 
 `--tp 2` is not started here: it starts (55-80 s on two shared cores, about twice a one-engine server) and its
 answers differ from one engine's by up to 0.012, stable across runs (README, "Several engines"); what is ours in
@@ -7,20 +8,29 @@ it, the cores each rank is bound to, is checked below without an engine."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
+import signal
+import subprocess
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from servers import ENGINE_FLAGS, SHARED_AUTH, systemone
 from workloads import short_requests
 
+from clef_quant.bench.processes import free_port, server_env, systemone_command, wait_healthy
 from clef_vllm.cpu_threads import BIND_ENV, LogicalCpu, omp_binding
 from clef_vllm.errors import SettingsError
+from clef_vllm.server.cli import EXIT_ENGINE_DIED
 
 
 def cpus(count: int, siblings: int = 1, nodes: int = 1) -> list[LogicalCpu]:
@@ -129,3 +139,51 @@ def test_data_parallel_engines_answer_as_one_engine(
     # Both engines answered: the warm-up's request each, and the burst split between them.
     assert sorted(served) == ["0", "1"] and min(served.values()) >= 2 and sum(served.values()) == 2 + len(bodies)
     assert answers == post_all(shared_systemone.url, bodies, SHARED_AUTH)
+
+
+@pytest.mark.slow
+def test_a_dead_data_parallel_engine_ends_the_server_in_about_two_seconds(tiny_dir: Path, tmp_path: Path) -> None:
+    """vLLM marks the engine dead only once its process manager has stopped the other rank, after a 5-second grace
+    that a rank whose peer died uses up: the server exited 8.2 s after one of two engines was killed. It watches
+    the processes itself now: the requests in flight get their 503 and the server exits with status 3."""
+    port = free_port()
+    log = tmp_path / "dp2.log"
+    with log.open("wb") as out:
+        command = systemone_command(tiny_dir, port, "--dp", "2", *ENGINE_FLAGS)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
+        )
+        try:
+            wait_healthy(process, port, log)
+            started = psutil.Process(process.pid).children(recursive=True)
+            cores = [p for p in started if "EngineCore" in " ".join(p.cmdline())]
+            assert len(cores) == 2, [p.cmdline() for p in started]
+            answers: list[httpx.Response | Exception] = []
+
+            def post(body: dict) -> None:
+                try:
+                    answers.append(httpx.post(f"http://127.0.0.1:{port}/v1/systemone", json=body, timeout=60))
+                except httpx.TransportError as exc:
+                    answers.append(exc)
+
+            threads = [threading.Thread(target=post, args=(body,)) for body in short_requests(24, seed=3)]
+            for thread in threads:
+                thread.start()
+            while not answers:  # the rest are queued or running now
+                time.sleep(0.005)
+            killed = time.monotonic()
+            cores[0].kill()
+            status = process.wait(timeout=60)
+            ended = time.monotonic() - killed
+            for thread in threads:
+                thread.join()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert status == EXIT_ENGINE_DIED
+    assert ended < 4.5, f"the server exited {ended:.1f} s after the engine died"
+    codes = [a.status_code if isinstance(a, httpx.Response) else repr(a) for a in answers]
+    assert set(codes) <= {200, 503} and 503 in codes, codes
+    _, alive = psutil.wait_procs(started, timeout=10)
+    assert not alive, [(p.pid, p.name()) for p in alive]

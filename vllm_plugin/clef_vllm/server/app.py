@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect
 
 from clef_vllm import strict_json
 from clef_vllm.errors import RequestError
-from clef_vllm.server import openapi
+from clef_vllm.server import lifecycle, openapi
 from clef_vllm.server.backend import EngineBackend
 from clef_vllm.server.body import read_body
 from clef_vllm.server.error_shape import ApiError, install
@@ -82,12 +82,23 @@ def _cancel_on_disconnect(request: Request, work: asyncio.Task[Any]) -> asyncio.
 # How often the server looks for a dead engine, and how long requests in flight get to receive their 503s.
 ENGINE_WATCH_SECONDS = 0.5
 ENGINE_DEATH_GRACE_SECONDS = 2.0
+# The grace the rest of a dead engine gets: a data-parallel rank whose peer died never ends by itself.
+ENGINE_ABANDON_SECONDS = 0.0
 
 
 async def _watch_engine(backend: EngineBackend, on_engine_death: Callable[[], None]) -> None:
     """Once the engine is dead (or failed to start), let in-flight requests get their 503, then stop the server
-    so that a supervisor (systemd, Docker, Kubernetes) restarts it."""
+    so that a supervisor (systemd, Docker, Kubernetes) restarts it.
+
+    A process of the engine that ended is its death, before vLLM says so (`lifecycle`'s docstring): the others are
+    ended at once, so that vLLM fails the requests in flight now instead of after their 5-second grace."""
     while not backend.dead:
+        ended = lifecycle.exited(lifecycle.engine_processes(backend.engine))
+        if ended:
+            backend.failed = True
+            logger.error("an engine process ended (%s); stopping the others", ", ".join(p.name for p in ended))
+            await asyncio.to_thread(lifecycle.end_engine_processes, backend.engine, ENGINE_ABANDON_SECONDS)
+            break
         await asyncio.sleep(ENGINE_WATCH_SECONDS)
     logger.error("the engine has stopped; the server exits in %.0f s", ENGINE_DEATH_GRACE_SECONDS)
     await asyncio.sleep(ENGINE_DEATH_GRACE_SECONDS)
@@ -104,10 +115,12 @@ def create_app(
     info = model_info(config.model, config.served_model_name)
     served_name = info.name
 
+    engine_start = lifecycle.EngineStart(lambda: backend.start())
+
     async def start_and_warm_up() -> None:
         # The engine starts in a thread so that the server answers /health (503) while it loads.
         try:
-            await asyncio.to_thread(backend.start)
+            await engine_start.run()
             await backend.warm_up()
         except asyncio.CancelledError:
             raise
@@ -242,4 +255,5 @@ def create_app(
 
     wrapped = RequestContext(app, on_done=server_metrics.record)
     wrapped.fastapi = app  # type: ignore[attr-defined]
+    wrapped.engine_start = engine_start  # type: ignore[attr-defined]
     return wrapped
