@@ -120,6 +120,19 @@ def cap_frame_pixels(frames: np.ndarray, max_pixels: int = OMNI_FRAME_PIXELS) ->
     return resized.permute(0, 2, 3, 1).contiguous().numpy()
 
 
+# Fields SDKs send audio clips in. The release format's media are images and videos; Clef-Omni's audio tower would
+# hear a clip only as decoded and resampled by whatever backend vLLM finds installed, which nothing here can
+# reproduce or check, so a clip is refused rather than left unheard.
+AUDIO_FIELDS = ("audio", "audios")
+
+
+def refuse_audio(body: dict[str, Any]) -> None:
+    """A request body that carries an audio clip is a `RequestError` naming the field (null, "" or [] carry none)."""
+    for name in AUDIO_FIELDS:
+        if body.get(name) not in (None, [], ""):
+            raise RequestError(f"{name}: audio is not read here; send images and videos only", name)
+
+
 def raw_bytes(item: MediaData, what: str) -> bytes:
     """The bytes of an item: base64 (plain or in a data: URL) decoded, multipart bytes as they are."""
     if isinstance(item.data, bytes):

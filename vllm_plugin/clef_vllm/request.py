@@ -32,7 +32,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from clef_vllm.errors import RequestError, SchemaTextTooLongError
-from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MIN_VIDEO_FRAMES, MediaData, MediaLimits
+from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MIN_VIDEO_FRAMES, MediaData, MediaLimits, refuse_audio
 from clef_vllm.schema import QuestionType, QuestionTypeName
 
 NOUL_DEFAULTS = {
@@ -438,7 +438,7 @@ def parse_request(
     """
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
-    _refuse_audio(body)
+    refuse_audio(body)
     _refuse_box_questions(body.get("questions"))
     try:
         wire = SystemOneRequest.model_validate(body, context={"limits": limits})
@@ -484,18 +484,6 @@ def check_schema_chars(request: ClefRequest, max_length: int) -> None:
     if total > limit:
         message = f"schema texts have {total:,} characters in all; at most {limit:,} ({why})"
         raise SchemaTextTooLongError(message, "questions", total, limit)
-
-
-# Fields SDKs send audio clips in. The release format's media are images and videos; Clef-Omni's audio tower would
-# read a clip only as decoded and resampled by whatever backend vLLM finds installed, which nothing here can
-# reproduce or check, so a clip is refused rather than left unheard.
-AUDIO_FIELDS = ("audio", "audios")
-
-
-def _refuse_audio(body: dict[str, Any]) -> None:
-    for name in AUDIO_FIELDS:
-        if body.get(name) not in (None, [], ""):
-            raise RequestError(f"{name}: audio is not read here; send images and videos only", name)
 
 
 def _refuse_box_questions(questions: object) -> None:
