@@ -18,13 +18,12 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from PIL import Image
+from test_eval import SharedEngines
 from typer.testing import CliRunner
 
 from clef_quant.card_templates import card_environment
@@ -88,18 +87,6 @@ def upload_process(
         env["HF_TOKEN"] = token
     command = [sys.executable, "-c", "from clef_quant.cli import main; main()", "upload", *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-
-
-class SharedEngines:
-    """The eval runner's engine provider over the session's shared plugin engines."""
-
-    def __init__(self, factory: Any, max_model_len: int) -> None:
-        self.factory = factory
-        self.settings = {"max_model_len": max_model_len, "enforce_eager": "True", **ENGINE_KWARGS}
-
-    @contextmanager
-    def open(self, folder: Path) -> Iterator[Any]:
-        yield self.factory(folder, **ENGINE_KWARGS)
 
 
 @pytest.fixture(scope="module")
