@@ -439,7 +439,7 @@ def test_starting_twice_installs_one_filter_that_survives_vllm_reconfiguring(mon
     assert stream.getvalue().count("a warning only a second engine would repeat") == 1
 
 
-def test_shorter_prompts_go_first_in_the_engine_queue_by_classes_of_length(tiny_dir: Path) -> None:
+def test_shorter_prompts_go_first_in_the_engine_queue_only_when_asked(tiny_dir: Path) -> None:
     from clef_vllm.server.backend import SHORT_PROMPT_TOKENS, EngineBackend, queue_priority
     from clef_vllm.server.cli import parse_args
 
@@ -447,9 +447,9 @@ def test_shorter_prompts_go_first_in_the_engine_queue_by_classes_of_length(tiny_
     assert classes == [0, 0, 1, 2, 3, 4]  # doublings past the short class; equal classes keep arrival order
     backend = EngineBackend(parse_args(["--model", str(tiny_dir), "--max-model-len", "4096"]))
     backend.configure()  # vLLM's configuration only: nothing is loaded
-    assert backend.vllm_config.scheduler_config.policy == "priority"
+    assert backend.vllm_config.scheduler_config.policy == "fcfs"  # no ageing in vLLM's queue: not the default
     asked = EngineBackend(
-        parse_args(["--model", str(tiny_dir), "--max-model-len", "4096", "--engine-arg", "scheduling_policy=fcfs"])
+        parse_args(["--model", str(tiny_dir), "--max-model-len", "4096", "--engine-arg", "scheduling_policy=priority"])
     )
     asked.configure()
-    assert asked.vllm_config.scheduler_config.policy == "fcfs"  # an engine argument the user gives is kept
+    assert asked.vllm_config.scheduler_config.policy == "priority"
