@@ -208,6 +208,13 @@ def test_the_split_free_method_batches_whole_prompts_and_is_chosen_by_name(tiny_
     monkeypatch.setenv(GPU_METHOD_ENV, "fast")
     with pytest.raises(SettingsError, match="the choices are split-free, vllm"):
         invariance_method(True, tiny_dir, capability=9)
+    # The split-free method's BLAS library is checked where the engine is started, not in its processes.
+    monkeypatch.setenv(GPU_METHOD_ENV, "split-free")
+    monkeypatch.setenv("CLEF_SPLIT_FREE_BLAS", "cublas")
+    assert invariance_method(True, tiny_dir, capability=9) == SPLIT_FREE
+    monkeypatch.setenv("CLEF_SPLIT_FREE_BLAS", "hipblas")
+    with pytest.raises(SettingsError, match="CLEF_SPLIT_FREE_BLAS='hipblas': the choices are cublaslt, cublas"):
+        invariance_method(True, tiny_dir, capability=9)
 
 
 def test_an_engine_started_split_free_gets_cublas_without_split_k_and_the_next_one_gets_the_environment_back(

@@ -56,6 +56,10 @@ GPU_METHOD_ENV = "CLEF_GPU_INVARIANCE"
 GPU_METHODS = {"split-free": SPLIT_FREE, "vllm": KERNELS}
 # Read by the engine's processes (they inherit it): the split-free method is on for the engine being started.
 SPLIT_FREE_ENV = "CLEF_SPLIT_FREE"
+# Which BLAS library the split-free method prefers for unquantized GEMMs: "cublaslt" (the default) or "cublas"
+# (torch's own choice). Both run without a split-K workspace.
+SPLIT_FREE_BLAS_ENV = "CLEF_SPLIT_FREE_BLAS"
+SPLIT_FREE_BLAS = ("cublaslt", "cublas")
 # cuBLAS and cuBLASLt pick split-K only when they have a workspace to reduce the partial sums in.
 NO_SPLIT_K_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "CUBLASLT_WORKSPACE_SIZE": "1"}
 
@@ -90,6 +94,8 @@ def chosen_gpu_method() -> str:
     name = os.environ.get(GPU_METHOD_ENV, "split-free")
     if name not in GPU_METHODS:
         raise SettingsError(f"{GPU_METHOD_ENV}={name!r}: the choices are {', '.join(GPU_METHODS)}")
+    if GPU_METHODS[name] == SPLIT_FREE:
+        split_free_blas()  # refused here, in the process that starts the engine, not in the engine's own
     return GPU_METHODS[name]
 
 
@@ -163,9 +169,17 @@ def use_split_free_kernels() -> None:
     off: Any = (False, False) if _torch_at_least(2, 10) else False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = off
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = off
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and split_free_blas() == "cublaslt":
         torch.backends.cuda.preferred_blas_library(backend="cublaslt")
     _one_kv_split_in_flash_attention()
+
+
+def split_free_blas() -> str:
+    """The BLAS library `CLEF_SPLIT_FREE_BLAS` names for the split-free method's unquantized GEMMs."""
+    name = os.environ.get(SPLIT_FREE_BLAS_ENV, SPLIT_FREE_BLAS[0])
+    if name not in SPLIT_FREE_BLAS:
+        raise SettingsError(f"{SPLIT_FREE_BLAS_ENV}={name!r}: the choices are {', '.join(SPLIT_FREE_BLAS)}")
+    return name
 
 
 def _torch_at_least(major: int, minor: int) -> bool:
