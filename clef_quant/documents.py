@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from clef_vllm.errors import RequestError, first_validation_error, not_valid_json
-from clef_vllm.strict_json import check_depth
+from clef_vllm.format.strict_json import check_depth
 
 Model = TypeVar("Model", bound=BaseModel)
 

@@ -15,9 +15,9 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from clef_vllm.head_files import HEAD_FILES, HEAD_SUBDIR
-from clef_vllm.plugin import ARCHITECTURE
-from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
+from clef_vllm.engine.architecture import ARCHITECTURE
+from clef_vllm.format.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
+from clef_vllm.head.files import HEAD_FILES, HEAD_SUBDIR
 
 QWEN3_5 = "Qwen3_5ForConditionalGeneration"
 ROOT = ""  # the release's top level, as a head location

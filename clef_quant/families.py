@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from clef_vllm.plugin import ARCHITECTURE, NATIVE_ARCHITECTURES
+from clef_vllm.engine.architecture import ARCHITECTURE, NATIVE_ARCHITECTURES
 
 QWEN3_5 = "Qwen3_5ForConditionalGeneration"
 QWEN3_OMNI = "Qwen3OmniMoeForConditionalGeneration"

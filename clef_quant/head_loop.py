@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from clef_vllm.head import JointSchemaHead
-from clef_vllm.head_ops import MAX_LOGIT_SCALE
-from clef_vllm.schema import RecordSchema
+from clef_vllm.format.schema import RecordSchema
+from clef_vllm.head.model import JointSchemaHead
+from clef_vllm.head.ops import MAX_LOGIT_SCALE
 
 
 def loop_logits(

@@ -28,12 +28,12 @@ from typing import Any
 import torch
 
 from clef_quant.progress import NoProgress, Progress
-from clef_vllm.answers import response_from_logits
-from clef_vllm.encoder import Encoder
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
 from clef_vllm.errors import CheckpointError
-from clef_vllm.head_files import find_head_dir, load_head
-from clef_vllm.request import ClefRequest
+from clef_vllm.format.answers import response_from_logits
+from clef_vllm.format.encoder import Encoder
+from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH, Encoding
+from clef_vllm.format.request import ClefRequest
+from clef_vllm.head.files import find_head_dir, load_head
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 SERVED_INSTEAD = "serve it with clef-systemone or ClefEngine, which run it through vLLM's quantized kernels"
@@ -177,7 +177,7 @@ class ReferenceScorer:
     def model(self) -> Any:
         """The backbone, loaded on first use so that bad requests are refused before the slow part."""
         if self._model is None:
-            from clef_vllm.cpu_conv1d import use_in_transformers
+            from clef_vllm.engine.cpu.conv1d import use_in_transformers
 
             use_in_transformers()
             self._model = load_backbone(self.folder, self.dtype).to(self.device).eval()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clef_vllm.release_source import fetch_release, local_release
+from clef_vllm.format.release_source import fetch_release, local_release
 
 
 def resolve_release(source: str, revision: str | None = None) -> Path:

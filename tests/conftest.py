@@ -395,7 +395,7 @@ ENGINE_STARTS: Counter[str] = Counter()
 
 def count_engine_starts() -> None:
     """Count every `ClefEngine` made in this process, once its module is imported (idempotent)."""
-    module = sys.modules.get("clef_vllm.engine")
+    module = sys.modules.get("clef_vllm.engine.offline")
     if module is None or getattr(module.ClefEngine.__init__, "counted", False):
         return
     started = module.ClefEngine.__init__

@@ -74,7 +74,7 @@ def video_b64(*args, **kwargs) -> str:
 
 
 def decode_all_frames(raw: bytes) -> tuple[np.ndarray, float]:
-    """Every frame of a file and its frame rate, decoded independently of clef_vllm.media."""
+    """Every frame of a file and its frame rate, decoded independently of clef_vllm.format.media."""
     import av
 
     with av.open(io.BytesIO(raw)) as container:

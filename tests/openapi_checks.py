@@ -11,10 +11,10 @@ import jsonschema
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from clef_vllm import request
 from clef_vllm.errors import RequestError
-from clef_vllm.request import Limits, parse_request
-from clef_vllm.schema import QuestionType
+from clef_vllm.format import request
+from clef_vllm.format.request import Limits, parse_request
+from clef_vllm.format.schema import QuestionType
 
 REQUEST_REF = "#/components/schemas/SystemOneRequest"
 

@@ -208,7 +208,7 @@ def test_engine_arguments_are_checked_as_clef_systemone_checks_them(
 
 
 def test_the_engine_arguments_refused_as_server_flags_are_clef_systemones_flags() -> None:
-    from clef_vllm.engine_options import SERVER_FLAGS
+    from clef_vllm.engine.options import SERVER_FLAGS
     from clef_vllm.server.cli import build_parser
 
     flags = {option for action in build_parser()._actions for option in action.option_strings}

@@ -77,8 +77,8 @@ def assert_user_error(result, pattern: str) -> str:
 
 
 def test_encode_prints_tokens_spans_and_their_text(runner, cli_app, tiny_dir, tokenizer, tmp_path):
-    from clef_vllm.encoding import encode_request
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.encoding import encode_request
+    from clef_vllm.format.request import parse_request
 
     result = invoke(runner, cli_app, "encode", "--model", tiny_dir, write(tmp_path, MIXED_REQUEST))
     assert result.exit_code == 0, result.output

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clef_vllm.cpu_conv1d import register, with_fp32_weights
+from clef_vllm.engine.cpu.conv1d import register, with_fp32_weights
 
 conv_module = pytest.importorskip("vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d")
 
@@ -52,7 +52,7 @@ def test_register_patches_the_gated_deltanet_prefill_once() -> None:
 def test_transformers_convolution_in_fp32_gives_the_same_bf16_bits(length: int) -> None:
     from transformers.models.qwen3_5 import modeling_qwen3_5 as modeling
 
-    from clef_vllm.cpu_conv1d import use_in_transformers
+    from clef_vllm.engine.cpu.conv1d import use_in_transformers
 
     use_in_transformers()
     use_in_transformers()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clef_vllm.cpu_fp8 import UpcastFP8ScaledMMLinearKernel, fp8_scaled_mm, register
+from clef_vllm.engine.cpu.fp8 import UpcastFP8ScaledMMLinearKernel, fp8_scaled_mm, register
 
 
 def _operands(m: int, k: int, n: int, seed: int = 0):

@@ -54,9 +54,9 @@ WHY = "Expecting value (line 2 column 15)"
 
 def test_json_that_does_not_parse_is_refused_in_one_wording_by_every_reader(tmp_path: Path) -> None:
     from clef_quant.throughput_report import read_report
-    from clef_vllm import strict_json
     from clef_vllm.errors import CheckpointError, ClefError, RequestError
-    from clef_vllm.head_files import HeadConfig
+    from clef_vllm.format import strict_json
+    from clef_vllm.head.files import HeadConfig
 
     path = tmp_path / "broken.json"
     path.write_bytes(BROKEN)
@@ -78,8 +78,8 @@ def test_json_that_does_not_parse_is_refused_in_one_wording_by_every_reader(tmp_
 
 
 def test_json_that_is_not_utf8_is_refused_in_one_wording(tmp_path: Path) -> None:
-    from clef_vllm import strict_json
     from clef_vllm.errors import RequestError
+    from clef_vllm.format import strict_json
 
     path = tmp_path / "latin1.json"
     path.write_bytes(b'{"state": "K\xf6ln"}')

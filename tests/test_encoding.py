@@ -2,7 +2,7 @@
 
 Every expectation here is written out by hand from the spec: the literal prompt pieces and the literal
 rendered JSON texts. Each piece is tokenized on its own with the checkpoint's tokenizer, the ids are
-concatenated and the spans counted by hand; nothing from `clef_vllm.encoding` except the function under
+concatenated and the spans counted by hand; nothing from `clef_vllm.format.encoding` except the function under
 test builds the expectation.
 """
 
@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from clef_vllm.encoding import encode_request, render
 from clef_vllm.errors import RequestError, SchemaTooLongError
-from clef_vllm.request import parse_request
+from clef_vllm.format.encoding import encode_request
+from clef_vllm.format.request import parse_request
+from clef_vllm.format.text import render
 
 # The spec's literal pieces.
 PREFIX = (

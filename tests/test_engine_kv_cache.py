@@ -15,8 +15,9 @@ from clef_quant.cli import app
 from clef_quant.evaluation.results import read_results
 from clef_quant.publish.reproduce import _evaluate
 from clef_quant.publish.results import EvalResults
-from clef_vllm import engine as engine_module
-from clef_vllm.engine import CPU_KV_CACHE_ENV, ClefEngine, own_kv_cache
+from clef_vllm.engine import ClefEngine
+from clef_vllm.engine import settings as engine_module
+from clef_vllm.engine.settings import CPU_KV_CACHE_ENV, own_kv_cache
 
 FIXTURES = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
 OWN_BYTES = 48 * 2**20  # not a whole number of GiB, so it cannot come from the variable

@@ -223,7 +223,7 @@ def vllm_032_decisions(folder: Path) -> dict[str, tuple[Any, ...] | str | None]:
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
     from vllm.model_executor.model_loader.utils import configure_quant_config
 
-    from clef_vllm.vllm_model import ClefFlashForJointSchema
+    from clef_vllm.engine.vllm_model import ClefFlashForJointSchema
 
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))["quantization_config"]
     quant = CompressedTensorsConfig.from_config(copy.deepcopy(config))

@@ -39,7 +39,7 @@ from clef_quant.evaluation.runner import run_eval
 from clef_quant.evaluation.sides import NOISE_FLOOR_NAME
 from clef_quant.evaluation.tasks import load_tasks
 from clef_quant.quantize.calibration import read_request_bodies
-from clef_vllm.encoding import render
+from clef_vllm.format.text import render
 
 FIXTURES = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
 PER_TASK = 4
@@ -108,8 +108,8 @@ def test_the_summary_reads_back_as_written_and_a_wrong_one_is_refused(data_dir: 
 
 def test_build_data_measures_lengths_in_the_release_tokens(data_dir: Path, tiny_dir: Path, tmp_path: Path) -> None:
     """--tokenizer: each task's lengths are the real, uncut encoding of its records."""
-    from clef_vllm.encoder import Encoder
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.encoder import Encoder
+    from clef_vllm.format.request import parse_request
 
     result = build(tmp_path / "tokens", "--tokenizer", str(tiny_dir))
     assert result.exit_code == 0, result.output
@@ -241,7 +241,7 @@ class SharedEngines:
         """The settings the session's engine over `folder` starts with, checked as eval checks its own."""
         from conftest import ENGINE_MAX_MODEL_LEN, small_kv_cache
 
-        from clef_vllm.engine_check import check_engine_settings
+        from clef_vllm.engine.check import check_engine_settings
 
         with small_kv_cache() as kv_cache:
             check_engine_settings(

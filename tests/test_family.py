@@ -194,7 +194,7 @@ def test_engine_matches_the_transformers_reference(
     family_dir, clef_engine, monkeypatch: pytest.MonkeyPatch, size: str
 ) -> None:
     from clef_quant.reference import ReferenceScorer
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.request import parse_request
 
     folder = family_dir(size)
     body = json.loads(EXAMPLE_REQUEST.read_text())
@@ -322,10 +322,10 @@ def test_a_release_keeping_one_expert_of_a_layer_bf16_is_refused_on_any_device(
 ) -> None:
     """One ignored expert is not every expert: vLLM reads a MoE layer's scheme from its first expert and loads the
     others as that scheme, so no vLLM loads this release; the CPU check used to let it through as all bf16."""
-    import clef_vllm.invariance
+    import clef_vllm.engine.invariance
     from clef_vllm.engine import ClefEngine
+    from clef_vllm.engine.release_kernels import check_release_kernels
     from clef_vllm.errors import CheckpointError
-    from clef_vllm.release_kernels import check_release_kernels
     from clef_vllm.server.cli import main
 
     folder = _keep_one_expert_bf16(family_quantized("omni-tiny", "fp8-dynamic"), tmp_path / "one-expert-bf16")
@@ -336,7 +336,7 @@ def test_a_release_keeping_one_expert_of_a_layer_bf16_is_refused_on_any_device(
     assert "thinker.model.layers.0.mlp.experts" in line and "3 of its 12 expert projections bf16" in line, line
     with pytest.raises(CheckpointError, match=r"experts\.3\.gate_proj"):
         ClefEngine(folder)
-    monkeypatch.setattr(clef_vllm.invariance, "uses_gpu", lambda: True)  # where its FP8 experts have kernels
+    monkeypatch.setattr(clef_vllm.engine.invariance, "uses_gpu", lambda: True)  # where its FP8 experts have kernels
     with pytest.raises(CheckpointError, match="no vLLM can load this release"):
         check_release_kernels(folder)
 
@@ -344,7 +344,7 @@ def test_a_release_keeping_one_expert_of_a_layer_bf16_is_refused_on_any_device(
 def test_quantize_refuses_a_recipe_keeping_some_experts_of_a_layer_bf16(family_dir, tmp_path: Path) -> None:
     """The plan is refused before anything is written; every expert of every layer kept bf16 is a release the CPU
     check lets through (bf16 experts run anywhere)."""
-    from clef_vllm.release_kernels import check_release_kernels
+    from clef_vllm.engine.release_kernels import check_release_kernels
 
     keep = list(keep_bf16(FAMILIES["clef-omni"]))
     cases = {

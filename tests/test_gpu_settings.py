@@ -13,8 +13,8 @@ from clef_vllm.errors import SettingsError
 
 
 def test_on_a_gpu_the_invariant_mode_batches_whole_prompts():
-    from clef_vllm.engine import schedule_args
-    from clef_vllm.invariance import KERNELS
+    from clef_vllm.engine.invariance import KERNELS
+    from clef_vllm.engine.settings import schedule_args
 
     args = schedule_args(max_model_len=4096, method=KERNELS)
     assert args == {"enable_chunked_prefill": False, "max_num_batched_tokens": 16384}
@@ -27,8 +27,8 @@ def test_on_a_gpu_the_invariant_mode_batches_whole_prompts():
 
 
 def test_on_a_cpu_the_invariant_mode_runs_one_prompt_per_step():
-    from clef_vllm.engine import schedule_args
-    from clef_vllm.invariance import KERNELS, ONE_PROMPT_PER_STEP
+    from clef_vllm.engine.invariance import KERNELS, ONE_PROMPT_PER_STEP
+    from clef_vllm.engine.settings import schedule_args
 
     assert schedule_args(max_model_len=4096, method=ONE_PROMPT_PER_STEP) == {
         "max_num_seqs": 1,
@@ -41,7 +41,7 @@ def test_on_a_cpu_the_invariant_mode_runs_one_prompt_per_step():
 
 
 def test_nvfp4_releases_run_one_prompt_per_step_on_gpus_without_fp4_kernels(tiny_dir, quantized_dir):
-    from clef_vllm.invariance import KERNELS, ONE_PROMPT_PER_STEP, SPLIT_FREE, invariance_method
+    from clef_vllm.engine.invariance import KERNELS, ONE_PROMPT_PER_STEP, SPLIT_FREE, invariance_method
 
     nvfp4, fp8 = quantized_dir("nvfp4"), quantized_dir("fp8-dynamic")
     hopper, blackwell = 9, 10
@@ -53,7 +53,7 @@ def test_nvfp4_releases_run_one_prompt_per_step_on_gpus_without_fp4_kernels(tiny
 
 
 def test_a_gpu_engine_runs_triton_gdn_prefill_without_flashinfer_unless_told_otherwise(tiny_dir):
-    from clef_vllm.engine import engine_args
+    from clef_vllm.engine.settings import engine_args
 
     pytest.importorskip("vllm")
     from vllm.utils.flashinfer import has_flashinfer
@@ -66,7 +66,7 @@ def test_a_gpu_engine_runs_triton_gdn_prefill_without_flashinfer_unless_told_oth
 
 
 def test_engine_args_read_json_values_and_refuse_what_the_plugin_or_a_flag_sets():
-    from clef_vllm.engine_options import engine_overrides
+    from clef_vllm.engine.options import engine_overrides
 
     given = engine_overrides(
         ["gpu_memory_utilization=0.5", 'compilation_config={"max_cudagraph_capture_size": 2048}', "seed=7"]
@@ -142,7 +142,7 @@ def test_an_engine_arg_reaches_the_running_engine(clef_engine, tiny_dir):
 def test_the_cpu_kv_cache_default_is_set_only_for_an_engine_without_its_own_size(monkeypatch):
     import torch
 
-    from clef_vllm.engine import CPU_KV_CACHE_GIB, apply_cpu_defaults
+    from clef_vllm.engine.settings import CPU_KV_CACHE_GIB, apply_cpu_defaults
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
@@ -163,8 +163,8 @@ def _vllm_config(*, chunked: bool, budget: int, length: int) -> SimpleNamespace:
 
 @pytest.mark.parametrize("method", ["split-free", "vllm"])
 def test_vllm_serve_in_an_invariant_mode_gets_whole_prompts_or_a_clear_refusal(method):
-    from clef_vllm.invariance import set_invariant_kernels, set_split_free_kernels
-    from clef_vllm.vllm_model import ClefFlashConfig
+    from clef_vllm.engine.invariance import set_invariant_kernels, set_split_free_kernels
+    from clef_vllm.engine.vllm_model import ClefFlashConfig
 
     # What `CLEF_SPLIT_FREE=1 vllm serve ...` or `VLLM_BATCH_INVARIANT=1 vllm serve ...` puts in the environment.
     set_on = set_split_free_kernels if method == "split-free" else set_invariant_kernels
@@ -186,7 +186,7 @@ def test_vllm_serve_in_an_invariant_mode_gets_whole_prompts_or_a_clear_refusal(m
 def test_the_clef_model_lifts_vllms_refusal_of_gdn_layers_in_batch_invariant_mode(monkeypatch):
     from vllm.v1.attention.backends.gdn_attn import GDNAttentionBackend
 
-    from clef_vllm.invariance import accept_gdn_layers
+    from clef_vllm.engine.invariance import accept_gdn_layers
 
     monkeypatch.setattr(GDNAttentionBackend, "supports_batch_invariance", GDNAttentionBackend.supports_batch_invariance)
     assert GDNAttentionBackend.supports_batch_invariance() is False  # vLLM 0.32's own answer
@@ -195,8 +195,8 @@ def test_the_clef_model_lifts_vllms_refusal_of_gdn_layers_in_batch_invariant_mod
 
 
 def test_the_split_free_method_batches_whole_prompts_and_is_chosen_by_name(tiny_dir, monkeypatch):
-    from clef_vllm.engine import schedule_args
-    from clef_vllm.invariance import GPU_METHOD_ENV, KERNELS, SPLIT_FREE, invariance_method
+    from clef_vllm.engine.invariance import GPU_METHOD_ENV, KERNELS, SPLIT_FREE, invariance_method
+    from clef_vllm.engine.settings import schedule_args
 
     # Scheduled exactly as vLLM's batch-invariant mode is: several whole prompts per step, none split.
     assert schedule_args(max_model_len=4096, method=SPLIT_FREE) == schedule_args(max_model_len=4096, method=KERNELS)
@@ -220,8 +220,8 @@ def test_the_split_free_method_batches_whole_prompts_and_is_chosen_by_name(tiny_
 def test_an_engine_started_split_free_gets_cublas_without_split_k_and_the_next_one_gets_the_environment_back(
     tiny_dir, monkeypatch
 ):
-    import clef_vllm.engine as engine_module
-    from clef_vllm.invariance import GPU_METHOD_ENV, NO_SPLIT_K_ENV, SPLIT_FREE_ENV
+    import clef_vllm.engine.settings as engine_module
+    from clef_vllm.engine.invariance import GPU_METHOD_ENV, NO_SPLIT_K_ENV, SPLIT_FREE_ENV
 
     monkeypatch.setenv(GPU_METHOD_ENV, "split-free")
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 
 from clef_quant.head_loop import loop_logits
 from clef_vllm.errors import CheckpointError
-from clef_vllm.head import JointSchemaHead
-from clef_vllm.head_files import (
+from clef_vllm.format.schema import QuestionType, QuestionTypeName, RecordSchema
+from clef_vllm.head.files import (
     HEAD_CONFIG,
     HEAD_SUBDIR,
     HEAD_WEIGHTS,
@@ -24,7 +24,7 @@ from clef_vllm.head_files import (
     load_head,
     save_head,
 )
-from clef_vllm.schema import QuestionType, QuestionTypeName, RecordSchema
+from clef_vllm.head.model import JointSchemaHead
 
 CONFIG = HeadConfig(hidden_size=32, width=16, routing_layers=2, layers=2, heads=4, feedforward=24)
 VOCAB = 64

@@ -8,8 +8,8 @@ import torch
 from test_head import CONFIG, TOLERANCE, VOCAB, make_head, make_record
 
 from clef_quant.head_loop import loop_logits
-from clef_vllm.head import JointSchemaHead
-from clef_vllm.head_graphs import (
+from clef_vllm.format.schema import RecordSchema
+from clef_vllm.head.graphs import (
     MIN_TOKENS,
     Bucket,
     GraphedHead,
@@ -18,7 +18,7 @@ from clef_vllm.head_graphs import (
     padded_logits,
     record_meta,
 )
-from clef_vllm.schema import RecordSchema
+from clef_vllm.head.model import JointSchemaHead
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

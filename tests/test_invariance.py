@@ -82,7 +82,7 @@ def test_offline_engine_gives_the_same_bits_in_any_batch_and_any_run(quantized_d
 
 
 def test_batch_invariance_is_the_default_and_can_be_traded_for_throughput(tiny_dir: Path) -> None:
-    from clef_vllm.engine import engine_args
+    from clef_vllm.engine.settings import engine_args
 
     invariant = engine_args(tiny_dir, max_model_len=MAX_LEN)
     assert invariant["max_num_seqs"] == 1 and invariant["max_num_batched_tokens"] == MAX_LEN

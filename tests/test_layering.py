@@ -30,30 +30,18 @@ ALLOWED = {
 }
 COMMAND_LAYER = ("clef_quant.cli", "clef_quant.__main__")
 
-# "Who calls whom" in docs/architecture.md: clef_vllm's three layers, lowest first, each its modules (a package
-# stands for everything under it). An import goes to its own layer or one below, and each layer names the
-# third-party packages it must not import: the format and the head run without vLLM, and nothing under the
-# server speaks HTTP.
+# "Who calls whom" in docs/architecture.md: clef_vllm's layers are its folders, lowest first. An import goes to its
+# own layer or one below, and each layer names the third-party packages it must not import: the format and the
+# head run without vLLM, and nothing under the server speaks HTTP. The modules directly in clef_vllm/ (the errors
+# every layer raises) are the floor under all of them.
 HTTP = frozenset({"fastapi", "starlette", "uvicorn", "h11", "httpx"})
-CLEF_VLLM_LAYERS: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...] = (
-    (
-        "format and head",
-        (
-            "errors", "schema", "state_cut", "media", "request", "media_encoding", "encoding", "encoder", "answers",
-            "head_ops", "head", "head_files", "head_graphs", "release_source", "manifest", "strict_json",
-        ),
-        HTTP | {"vllm"},
-    ),
-    (
-        "vLLM model and engines",
-        (
-            "pooling_contract", "vllm_logs", "cpu_conv1d", "cpu_fp8", "cpu_threads", "invariance", "cpu_experts",
-            "release_kernels", "engine_options", "vllm_model", "plugin", "engine", "engine_check", "vllm_strategy",
-        ),
-        HTTP,
-    ),
-    ("server", ("server",), frozenset()),
-)  # fmt: skip
+CLEF_VLLM_LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("format", HTTP | {"vllm"}),
+    ("head", HTTP | {"vllm"}),
+    ("engine", HTTP),
+    ("server", frozenset()),
+)
+CLEF_VLLM_FLOOR = ("errors",)
 
 
 @dataclass(frozen=True)
@@ -203,18 +191,23 @@ def test_only_the_server_reads_the_server_package(graph: list[Import]) -> None:
 
 
 def clef_vllm_layer(module: str) -> int | None:
-    """The position in CLEF_VLLM_LAYERS of a clef_vllm module; None for the package itself or an unlisted one."""
-    for position, (_, modules, _) in enumerate(CLEF_VLLM_LAYERS):
-        if any(is_under(module, f"clef_vllm.{name}") for name in modules):
-            return position
-    return None
+    """The layer of a clef_vllm module: its folder's position in CLEF_VLLM_LAYERS, -1 for the floor, None for the
+    package itself or a module outside every layer."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[0] != "clef_vllm":
+        return None
+    if len(parts) == 2 and parts[1] in CLEF_VLLM_FLOOR:
+        return -1
+    names = [name for name, _ in CLEF_VLLM_LAYERS]
+    return names.index(parts[1]) if parts[1] in names else None
 
 
-def test_every_module_of_clef_vllm_has_a_declared_layer() -> None:
-    unlisted = sorted(
-        m for m in known_modules() if is_under(m, "clef_vllm") and m != "clef_vllm" and clef_vllm_layer(m) is None
-    )
-    assert unlisted == [], f"add to CLEF_VLLM_LAYERS: {', '.join(unlisted)}"
+def test_every_module_of_clef_vllm_is_in_a_layer_folder_or_the_floor() -> None:
+    root = SOURCES["clef_vllm"]
+    folders = {path.parent.name for path in root.glob("*/__init__.py")}
+    assert folders == {name for name, _ in CLEF_VLLM_LAYERS}, "a folder of clef_vllm/ is not a declared layer"
+    loose = {path.stem for path in root.glob("*.py")} - {"__init__", *CLEF_VLLM_FLOOR}
+    assert loose == set(), f"modules directly in clef_vllm/ belong in a layer's folder: {', '.join(sorted(loose))}"
 
 
 def test_clef_vllm_imports_only_its_own_layer_and_those_below(graph: list[Import]) -> None:
@@ -223,18 +216,99 @@ def test_clef_vllm_imports_only_its_own_layer_and_those_below(graph: list[Import
         importer = clef_vllm_layer(i.importer) if is_under(i.importer, "clef_vllm") else None
         if importer is None:
             continue
-        name, _, refused = CLEF_VLLM_LAYERS[importer]
+        name, refused = CLEF_VLLM_LAYERS[importer] if importer >= 0 else ("the floor", frozenset())
         imported = clef_vllm_layer(i.imported) if is_under(i.imported, "clef_vllm") else None
         if imported is not None and imported > importer:
             wrong.append(f"{i} ({name} may not import {CLEF_VLLM_LAYERS[imported][0]})")
-        elif i.imported.split(".")[0] in refused:
+        elif i.imported.split(".")[0] in refused or (importer < 0 and is_under(i.imported, "clef_vllm")):
             wrong.append(f"{i} ({name} may not import {i.imported.split('.')[0]})")
     assert wrong == [], "\n".join(wrong)
 
 
 def test_the_clef_vllm_layer_check_finds_an_import_that_goes_up() -> None:
     text = "from clef_vllm.server.settings import ServeConfig\nimport fastapi\n"
-    found = imports_in(text, "clef_vllm.request", False, known_modules(), "request.py")
+    found = imports_in(text, "clef_vllm.format.request", False, known_modules(), "request.py")
     layers = [clef_vllm_layer(i.imported) for i in found if is_under(i.imported, "clef_vllm")]
-    assert layers == [2] and clef_vllm_layer("clef_vllm.request") == 0
-    assert "fastapi" in CLEF_VLLM_LAYERS[0][2] and "fastapi" in CLEF_VLLM_LAYERS[1][2]
+    assert layers == [3] and clef_vllm_layer("clef_vllm.format.request") == 0
+    assert "fastapi" in CLEF_VLLM_LAYERS[0][1] and "fastapi" in CLEF_VLLM_LAYERS[2][1]
+
+
+def run_time_cycles(imports: list[Import]) -> list[list[str]]:
+    """The import loops among clef_vllm's modules, counting every import that runs (lazy ones too; those under
+    `if TYPE_CHECKING:` never run and are left out by the caller). Each loop is listed once, as a strongly
+    connected group of modules."""
+    edges: dict[str, set[str]] = {}
+    for i in imports:
+        if is_under(i.importer, "clef_vllm") and is_under(i.imported, "clef_vllm") and i.importer != i.imported:
+            edges.setdefault(i.importer, set()).add(i.imported)
+            edges.setdefault(i.imported, set())
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for other in sorted(edges[module]):
+            if other not in order:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], order[other])
+        if low[module] == order[module]:
+            group = []
+            while (top := stack.pop()) != module:
+                group.append(top)
+            if group:
+                groups.append(sorted([module, *group]))
+
+    for module in sorted(edges):
+        if module not in order:
+            visit(module)
+    return groups
+
+
+def without_type_checking(text: str) -> str:
+    """A module's source with the bodies of its `if TYPE_CHECKING:` blocks emptied: imports that never run."""
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            node.body = [ast.Pass()]
+    return ast.unparse(tree)
+
+
+def run_time_imports() -> list[Import]:
+    """Every import of clef_vllm that runs."""
+    modules = known_modules()
+    return [
+        found
+        for path in sorted(SOURCES["clef_vllm"].rglob("*.py"))
+        for found in imports_in(
+            without_type_checking(path.read_text(encoding="utf-8")),
+            module_name("clef_vllm", path),
+            path.name == "__init__.py",
+            modules,
+            str(path),
+        )
+    ]
+
+
+def test_clef_vllm_has_no_run_time_import_loop() -> None:
+    loops = run_time_cycles(run_time_imports())
+    assert loops == [], "import loops: " + "; ".join(" <-> ".join(loop) for loop in loops)
+
+
+def test_the_loop_check_finds_a_lazy_loop_and_skips_type_checking_imports() -> None:
+    a = "from clef_vllm.format import text\n"
+    b = "def f():\n    from clef_vllm.format import encoding\n"
+    c = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from clef_vllm.format import encoding\n"
+    modules = known_modules()
+    lazy = imports_in(a, "clef_vllm.format.encoding", False, modules, "e") + imports_in(
+        b, "clef_vllm.format.text", False, modules, "t"
+    )
+    assert run_time_cycles(lazy) == [["clef_vllm.format.encoding", "clef_vllm.format.text"]]
+    typed = imports_in(a, "clef_vllm.format.encoding", False, modules, "e") + imports_in(
+        without_type_checking(c), "clef_vllm.format.text", False, modules, "t"
+    )
+    assert run_time_cycles(typed) == []

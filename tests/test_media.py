@@ -2,7 +2,7 @@
 reference score against the release's multimodal forward, and every kind of bad media refused by name.
 
 The expectations are built here from the spec's pieces (`test_encoding.expect`) and from the processor called
-directly on independently decoded media; nothing from `clef_vllm.media` or `_encode_media` builds them.
+directly on independently decoded media; nothing from `clef_vllm.format.media` or `_encode_media` builds them.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import pytest
 from media_files import b64, decode_all_frames, image_bytes, video_bytes, video_frames
 from test_encoding import LONG_STATE, NOUL_FALSE, NOUL_TRUE, Field, check, expect, ids_of
 
-from clef_vllm.encoding import encode_request
 from clef_vllm.errors import RequestError, SchemaTooLongError
-from clef_vllm.media import MediaLimits
-from clef_vllm.request import parse_request
+from clef_vllm.format.encoding import encode_request
+from clef_vllm.format.media import MediaLimits
+from clef_vllm.format.request import parse_request
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO = "<|vision_start|><|video_pad|><|vision_end|>"
@@ -287,8 +287,8 @@ def release_forward_probabilities(tiny_dir, tokenizer, processor, request_body, 
     import torch
     from transformers import Qwen3_5ForConditionalGeneration
 
-    from clef_vllm.head_files import find_head_dir, load_head
-    from clef_vllm.schema import RecordSchema
+    from clef_vllm.format.schema import RecordSchema
+    from clef_vllm.head.files import find_head_dir, load_head
 
     media_text = IMAGE * len(raw_images) + "\n"
     media_ids, outputs = processor_ids(processor, media_text, images=[pil(r) for r in raw_images])
@@ -348,8 +348,8 @@ def test_score_with_images_equals_the_release_forward(tiny_dir, tokenizer, proce
 def test_vision_tower_is_skipped_only_when_media_are_off(tiny_dir):
     from dataclasses import replace
 
-    from clef_vllm.engine import engine_args
-    from clef_vllm.request import DEFAULT_LIMITS
+    from clef_vllm.engine.settings import engine_args
+    from clef_vllm.format.request import DEFAULT_LIMITS
     from clef_vllm.server.cli import parse_args
 
     on = engine_args(tiny_dir)

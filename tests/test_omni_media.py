@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from media_files import b64, image_b64, image_bytes, video_b64, video_bytes
 
-from clef_vllm.encoder import Encoder
+from clef_vllm.engine.pooling_contract import pooling_schema
 from clef_vllm.errors import RequestError
-from clef_vllm.media import boundary_frames, cap_frame_pixels
-from clef_vllm.media_encoding import FLASH, OMNI, media_text
-from clef_vllm.pooling_contract import pooling_schema
-from clef_vllm.request import parse_request
+from clef_vllm.format.encoder import Encoder
+from clef_vllm.format.media import boundary_frames, cap_frame_pixels
+from clef_vllm.format.media_encoding import FLASH, OMNI, media_text
+from clef_vllm.format.request import parse_request
 
 QUESTIONS = {
     "damaged": {"type": "noul", "instructions": "Is the parcel damaged?"},
@@ -101,7 +101,7 @@ def test_images_are_placed_and_read_as_vllms_joint_schema_strategy_does(omni) ->
     from vllm.entrypoints.generate.structured_decisions.strategies import JointSchemaStrategy, ReadContext
     from vllm.renderers.online_renderer import OnlineRenderer
 
-    from clef_vllm.engine import engine_prompt
+    from clef_vllm.engine.prompt import engine_prompt
 
     llm = omni.llm
     online = OnlineRenderer(

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from openapi_checks import assert_limits_documented, assert_models_described
 
-from clef_vllm.request import DEFAULT_LIMITS, Limits
+from clef_vllm.format.request import DEFAULT_LIMITS, Limits
 
 LIMITS = Limits(max_questions=3, max_choice_options=4, max_score_levels=5, max_id_length=6, max_images=2, max_videos=1)
 
@@ -53,7 +53,7 @@ def test_the_document_states_the_limits_requests_are_validated_against(spec):
 
 
 def test_json_values_state_the_strict_parser_limits(spec):
-    from clef_vllm.strict_json import MAX_DEPTH, MAX_INTEGER_DIGITS
+    from clef_vllm.format.strict_json import MAX_DEPTH, MAX_INTEGER_DIGITS
 
     text = spec["components"]["schemas"]["JsonValue"]["description"]
     assert f"{MAX_DEPTH} levels" in text and f"{MAX_INTEGER_DIGITS} digits" in text

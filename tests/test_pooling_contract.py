@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from clef_vllm.encoding import Encoding
-from clef_vllm.pooling_contract import (
+from clef_vllm.engine.pooling_contract import (
     SCHEMA_KEY,
     check_token_ids,
     parse_pooling_schema,
     pooling_params,
     pooling_schema,
 )
-from clef_vllm.schema import QuestionType
+from clef_vllm.format.encoding import Encoding
+from clef_vllm.format.schema import QuestionType
 
 
 def make_encoding() -> Encoding:

@@ -106,8 +106,8 @@ def heldout_requests() -> list[dict]:
 @pytest.fixture(scope="module")
 def reference_probs(tiny_dir: Path, heldout_requests: list[dict]) -> list[list[np.ndarray]]:
     from clef_quant.reference import ReferenceScorer
-    from clef_vllm.answers import split_logits
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.answers import split_logits
+    from clef_vllm.format.request import parse_request
 
     scorer = ReferenceScorer(tiny_dir, max_length=4096)
     scored = scorer.score([parse_request(b) for b in heldout_requests])
@@ -117,7 +117,7 @@ def reference_probs(tiny_dir: Path, heldout_requests: list[dict]) -> list[list[n
 def plugin_kl(engine, requests: list[dict], reference: list[list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Per record, (the sum of its questions' KL from the bf16 reference, its questions), through an engine."""
     from clef_quant.divergences import kl_divergence
-    from clef_vllm.answers import split_logits
+    from clef_vllm.format.answers import split_logits
 
     encodings = [engine.encode(body)[1] for body in requests]
     sums, counts = [], []
@@ -406,8 +406,8 @@ def test_scan_scores_each_heldout_record_as_the_reference_does(tiny_dir: Path) -
     from clef_quant.quantize.compress import load_model
     from clef_quant.quantize.scan import heldout_probabilities
     from clef_quant.reference import ReferenceScorer
-    from clef_vllm.answers import split_logits
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.answers import split_logits
+    from clef_vllm.format.request import parse_request
 
     scorer = ReferenceScorer(tiny_dir, max_length=MAX_SEQ_LEN)
     bodies = [b for b in read_request_bodies(DEFAULT_CALIBRATION_FILE) if not b.get("images")][-6:]

@@ -429,8 +429,8 @@ def test_hybrid_targets_match_transformers_and_vllm_names() -> None:
 def test_calibration_feeds_exactly_the_serving_encoding(tiny_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    from clef_vllm.encoding import encode_request
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.encoding import encode_request
+    from clef_vllm.format.request import parse_request
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
     calibration = build_calibration(tokenizer, records=40, max_seq_len=450)

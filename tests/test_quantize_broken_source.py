@@ -25,7 +25,7 @@ from clef_quant.cli import app
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.run import QuantizeConfig, quantize
 from clef_quant.release_folder.writer import partial_of
-from clef_vllm.head_files import HEAD_WEIGHTS
+from clef_vllm.head.files import HEAD_WEIGHTS
 
 SHARD = "model.safetensors"
 INDEX = "model.safetensors.index.json"

@@ -43,7 +43,7 @@ from clef_quant.quantize.engines_loading import Verdict, engine_rows
 from clef_quant.quantize.inspect import inspect_checkpoint
 from clef_quant.release_folder.manifest import MANIFEST_FILE, CardEntry, Manifest, is_shipped_recipe, read_manifest
 from clef_quant.release_folder.writer import OWNER_FILE, Writer, boot_id, process_start_ticks
-from clef_vllm.request import parse_request
+from clef_vllm.format.request import parse_request
 from tests.hub_server import AGENT_REGISTRY, LocalHub
 
 FIXTURES = Path(__file__).resolve().parents[1] / "eval" / "fixtures"

@@ -8,11 +8,11 @@ import re
 
 import pytest
 
-from clef_vllm.answers import build_response
 from clef_vllm.errors import RequestError
-from clef_vllm.media import MediaData
-from clef_vllm.request import Limits, parse_request
-from clef_vllm.schema import QuestionType
+from clef_vllm.format.answers import build_response
+from clef_vllm.format.media import MediaData
+from clef_vllm.format.request import Limits, parse_request
+from clef_vllm.format.schema import QuestionType
 
 
 def body(questions=None, **overrides):
@@ -215,7 +215,7 @@ def png_base64() -> str:
 )
 def test_bad_image_data_is_a_request_error(tokenizer, processor, media, where, needle):
     """parse_request keeps media as strings; decoding them (before the model runs) refuses bad data."""
-    from clef_vllm.encoding import encode_request
+    from clef_vllm.format.encoding import encode_request
 
     if "images" in media and len(media["images"]) == 2:
         media = {"images": [media["images"][0], png_base64()]}
@@ -343,7 +343,7 @@ def test_media_objects_may_say_what_they_are():
 def test_choice_criteria_as_a_list_of_names_read_like_null_descriptions(tokenizer):
     """A list of option names is options without descriptions: the same options, in the same model order, and
     the same token ids as an object whose descriptions are null (the release renders no description key)."""
-    from clef_vllm.encoding import encode_request
+    from clef_vllm.format.encoding import encode_request
 
     listed = parse_request(body({"q": {"type": "choice", "criteria": ["tech", "billing", "sales"]}}))
     nulls = parse_request(body({"q": {"type": "choice", "criteria": {"tech": None, "billing": None, "sales": None}}}))
@@ -536,7 +536,7 @@ def test_the_question_models_the_document_shows_are_the_ones_that_validate():
     """Each limit is checked where the model declares it, under the limits given as the validation context."""
     from pydantic import ValidationError
 
-    from clef_vllm.request import ChoiceQuestion, NoulQuestion, ScoreQuestion
+    from clef_vllm.format.request import ChoiceQuestion, NoulQuestion, ScoreQuestion
 
     limits = Limits(max_choice_options=4, max_score_levels=5)
     cases = [

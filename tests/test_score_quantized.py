@@ -119,7 +119,7 @@ BODIES = [json.loads(EXAMPLE_REQUEST.read_text()), *short_requests(4, seed=1)]
 @pytest.fixture(scope="module")
 def bf16_scores(tiny_dir: Path) -> list[dict[str, Any]]:
     from clef_quant.reference import ReferenceScorer
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.request import parse_request
 
     scorer = ReferenceScorer(tiny_dir, max_length=ENGINE_MAX_MODEL_LEN)
     return [record.response for record in scorer.score([parse_request(body) for body in BODIES])]
@@ -132,7 +132,7 @@ ENGINE_SCHEMES = [s for s in SCHEMES if s != "nvfp4a16" and served_on_this_cpu(s
 @pytest.mark.parametrize("scheme", ENGINE_SCHEMES)
 def test_score_agrees_with_the_engine_on_the_same_release(release, clef_engine, bf16_scores, scheme: str) -> None:
     from clef_quant.reference import ReferenceScorer
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.request import parse_request
 
     folder = release(scheme)
     scorer = ReferenceScorer(folder, max_length=ENGINE_MAX_MODEL_LEN)

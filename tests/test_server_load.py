@@ -27,8 +27,8 @@ from workloads import short_requests
 
 from clef_quant.bench.processes import free_port, server_env, systemone_command, wait_healthy
 from clef_quant.bench.workload import WORDS, sentence
+from clef_vllm.format.state_cut import MAX_CALL_CHARS
 from clef_vllm.server.cli import EXIT_ENGINE_DIED
-from clef_vllm.state_cut import MAX_CALL_CHARS
 
 pytestmark = pytest.mark.slow
 
@@ -141,8 +141,8 @@ def test_every_question_type_and_the_limit_are_covered(sequential: Any) -> None:
 
 
 def test_the_truncation_header_counts_the_dropped_state_tokens(server: Server, sequential: Any, tokenizer) -> None:
-    from clef_vllm.encoding import encode_request
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.encoding import encode_request
+    from clef_vllm.format.request import parse_request
 
     bodies, expected = sequential
     for body, (answer, dropped, exact) in zip(bodies, expected, strict=True):

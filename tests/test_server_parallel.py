@@ -28,7 +28,7 @@ from servers import ENGINE_FLAGS, SHARED_AUTH, systemone
 from workloads import short_requests
 
 from clef_quant.bench.processes import free_port, server_env, systemone_command, wait_healthy
-from clef_vllm.cpu_threads import BIND_ENV, LogicalCpu, omp_binding
+from clef_vllm.engine.cpu.threads import BIND_ENV, LogicalCpu, omp_binding
 from clef_vllm.errors import SettingsError
 from clef_vllm.server.cli import EXIT_ENGINE_DIED
 

@@ -16,8 +16,8 @@ import pytest
 import zstandard
 from raw_json import NOUL, deep
 
-from clef_vllm import strict_json
 from clef_vllm.errors import RequestError
+from clef_vllm.format import strict_json
 from clef_vllm.server.body import TooLarge, decoder_for
 from clef_vllm.server.error_shape import ApiError
 from clef_vllm.server.model_info import model_info
@@ -385,7 +385,7 @@ def vllm_record(message: str, level: int = logging.WARNING, name: str = "vllm.v1
 def test_the_same_warning_twice_is_one_line() -> None:
     import io
 
-    from clef_vllm.vllm_logs import WarningsOnce
+    from clef_vllm.engine.vllm_logs import WarningsOnce
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
@@ -405,7 +405,7 @@ def test_the_same_warning_twice_is_one_line() -> None:
 
 
 def test_a_record_seen_by_its_logger_and_a_handler_is_judged_once() -> None:
-    from clef_vllm.vllm_logs import WarningsOnce
+    from clef_vllm.engine.vllm_logs import WarningsOnce
 
     once = WarningsOnce()
     record = vllm_record("Reset SSM cache type to float32")
@@ -418,7 +418,7 @@ def test_starting_twice_installs_one_filter_that_survives_vllm_reconfiguring(mon
 
     from vllm import logger as vllm_logger
 
-    from clef_vllm.vllm_logs import WARNINGS_ONCE, show_vllm_warnings_once
+    from clef_vllm.engine.vllm_logs import WARNINGS_ONCE, show_vllm_warnings_once
 
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     show_vllm_warnings_once()

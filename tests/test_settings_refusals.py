@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_quant.cli import app
-from clef_vllm.cpu_threads import BIND_ENV
+from clef_vllm.engine.cpu.threads import BIND_ENV
 from clef_vllm.errors import CheckpointError, SettingsError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
@@ -216,8 +216,9 @@ def test_the_kv_cache_floor_never_refuses_a_size_vllm_would_run(clef_engine: Any
     from conftest import ENGINE_MAX_MODEL_LEN, small_kv_cache
     from vllm.v1.core.kv_cache_utils import check_enough_kv_cache_memory
 
-    from clef_vllm.engine import _in_process_core, engine_args
-    from clef_vllm.engine_check import engine_config, environment_kept, kv_cache_floor
+    from clef_vllm.engine.check import engine_config, environment_kept, kv_cache_floor
+    from clef_vllm.engine.offline import _in_process_core
+    from clef_vllm.engine.settings import engine_args
 
     engine = clef_engine(tiny_dir)
     with small_kv_cache() as kv_cache, environment_kept():

@@ -9,10 +9,11 @@ import tracemalloc
 
 import pytest
 
-from clef_vllm import state_cut
-from clef_vllm.encoding import encode_request, render
-from clef_vllm.request import parse_request
-from clef_vllm.state_cut import cut_state
+from clef_vllm.format import state_cut
+from clef_vllm.format.encoding import encode_request
+from clef_vllm.format.request import parse_request
+from clef_vllm.format.state_cut import cut_state
+from clef_vllm.format.text import render
 
 
 def whole_ids(tokenizer, text: str) -> list[int]:

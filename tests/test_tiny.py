@@ -141,7 +141,7 @@ def test_image_forward_is_finite(tiny_dir: Path) -> None:
 
 
 def test_head_loads_with_the_size_shapes(tiny_dir: Path) -> None:
-    from clef_vllm.head_files import load_head
+    from clef_vllm.head.files import load_head
 
     head = load_head(tiny_dir)
     shape = SIZES["tiny"].head

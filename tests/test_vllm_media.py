@@ -13,8 +13,8 @@ from workloads import short_requests
 
 from clef_quant.bench.workload import image_requests
 from clef_quant.reference import ReferenceScorer
-from clef_vllm.engine import engine_prompt
-from clef_vllm.request import parse_request
+from clef_vllm.engine.prompt import engine_prompt
+from clef_vllm.format.request import parse_request
 
 
 def _short(body: dict) -> dict:

@@ -9,9 +9,9 @@ from safetensors.torch import load_file
 from workloads import short_requests
 
 from clef_quant.reference import ReferenceScorer
-from clef_vllm.encoding import Encoding
-from clef_vllm.head_files import find_head_dir, load_head
-from clef_vllm.request import parse_request
+from clef_vllm.format.encoding import Encoding
+from clef_vllm.format.request import parse_request
+from clef_vllm.head.files import find_head_dir, load_head
 
 # Measured on the tiny checkpoint (24 requests, 60 questions, bf16 on both sides): top-1 agreement 0.959
 # and max |dp| 0.023. vLLM's CPU Gated DeltaNet runs only in bf16 and rounds differently from transformers'

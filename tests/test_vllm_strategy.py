@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clef_vllm.request import parse_request
+from clef_vllm.format.request import parse_request
 
 pytest.importorskip("vllm")
 
 
 def test_logits_become_per_question_probabilities_in_request_order() -> None:
-    from clef_vllm.vllm_strategy import _model_order_to_vllm_order
+    from clef_vllm.engine.vllm_strategy import _model_order_to_vllm_order
 
     request = parse_request(
         {

@@ -135,7 +135,7 @@ def test_installed_packages_find_their_data_outside_the_checkout(installed: Path
     found: dict[str, Any] = json.loads(python(installed, elsewhere, "-c", LOOKUPS, str(release)).stdout)
     for key in ("clef_quant", "clef_vllm", "clef_vllm_dist", "data_root"):
         assert under(found[key], installed), (key, found[key])
-    assert found["vllm_plugins"] == ["clef_vllm.plugin:register"]  # vLLM finds the installed plugin
+    assert found["vllm_plugins"] == ["clef_vllm.engine.plugin:register"]  # vLLM finds the installed plugin
     assert found["recipes"] and all(under(p, installed) and Path(p).is_file() for p in found["recipes"].values())
     assert list(found["recipes"]) == list(schemes().names)  # every scheme of the checkout's recipes/, in order
     assert under(found["auto_template"], installed) and Path(found["auto_template"]).is_file()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.bench.workload import WORDS, generated_image, sentence
-from clef_vllm.encoding import render
+from clef_vllm.format.text import render
 
 # Median latency of one request at a time, ms (Flide documentation, clef 27B on one H200).
 FLIDE_MS = {"decision-index": 71.6, "race": 50.8, "multirc": 609.1, "quality": 348.2, "gqa": 147.9}
@@ -146,8 +146,8 @@ def _gqa(rng: random.Random, count_tokens: CountTokens) -> dict[str, Any]:
 
 def flide_workloads(model: str | Path, seed: int = 0, names: tuple[str, ...] = WORKLOADS) -> list[FlideWorkload]:
     """The request bodies of `names` for the release folder `model`, with their token counts."""
-    from clef_vllm.encoder import Encoder
-    from clef_vllm.request import DEFAULT_LIMITS
+    from clef_vllm.format.encoder import Encoder
+    from clef_vllm.format.request import DEFAULT_LIMITS
 
     unknown = [name for name in names if name not in FLIDE_MS]
     if unknown:

@@ -36,10 +36,10 @@ from clef_quant.bench.timing import kernel_ms, timed_ms
 from clef_quant.formatting import utc_minute
 from clef_quant.head_loop import loop_logits
 from clef_quant.progress import Progress, Stages
-from clef_vllm.head import JointSchemaHead
-from clef_vllm.head_files import HeadConfig
-from clef_vllm.head_graphs import GraphedHead
-from clef_vllm.schema import RecordSchema
+from clef_vllm.format.schema import RecordSchema
+from clef_vllm.head.files import HeadConfig
+from clef_vllm.head.graphs import GraphedHead
+from clef_vllm.head.model import JointSchemaHead
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:

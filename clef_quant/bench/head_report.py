@@ -7,7 +7,7 @@ from pathlib import Path
 
 from clef_quant.bench.timing import PROFILED_RUNS, SETTLE_S
 from clef_quant.formatting import facts_table, markdown_table
-from clef_vllm.head_files import HeadConfig
+from clef_vllm.head.files import HeadConfig
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def render_markdown(result: HeadBenchResult, command: str) -> str:
     lines = [
         *facts_table("Joint schema head: batched forward, fast path and loop form", facts),
         "",
-        "`vectorized` is `JointSchemaHead.forward`; `fast` is `clef_vllm.head_graphs.GraphedHead`, what the "
+        "`vectorized` is `JointSchemaHead.forward`; `fast` is `clef_vllm.head.graphs.GraphedHead`, what the "
         "pooler calls (on CUDA a CUDA graph replay per shape bucket, elsewhere the vectorized forward); `loop` "
         "is `clef_quant.head_loop.loop_logits`, the release's loop form (one attention call over the whole "
         "memory per option and layer). `GPU kernel ms` is the device time of the fast path's kernels and device "

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from clef_vllm.head_files import HeadConfig
-from clef_vllm.schema import RecordSchema
+from clef_vllm.format.schema import RecordSchema
+from clef_vllm.head.files import HeadConfig
 
 FLASH_HEAD = HeadConfig(hidden_size=4096, width=1024, routing_layers=2, layers=4, heads=16, feedforward=4096)
 RECORD_TOKENS = 3000

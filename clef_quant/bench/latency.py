@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, computed_field
 from clef_quant.bench.flide_workloads import FlideWorkload
 from clef_quant.bench.modes import MODES, failure_line, median, percentile, started_engine
 from clef_quant.progress import Progress, Stages
-from clef_vllm.answers import response_from_logits
-from clef_vllm.request import DEFAULT_LIMITS
+from clef_vllm.format.answers import response_from_logits
+from clef_vllm.format.request import DEFAULT_LIMITS
 
 
 class WorkloadLatency(BaseModel):

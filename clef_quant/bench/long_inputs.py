@@ -153,9 +153,9 @@ def behind(
 
 def tokenizer_calls(tokenizer: Any, body: dict[str, Any], max_model_len: int) -> list[float]:
     """Seconds of every tokenizer call that encoding `body` makes (none when it is refused before)."""
-    from clef_vllm.encoding import encode_request
     from clef_vllm.errors import RequestError
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.encoding import encode_request
+    from clef_vllm.format.request import parse_request
 
     seconds: list[float] = []
 
@@ -190,7 +190,7 @@ def run_long_inputs_bench(
     engine_arg: list[str] | None = None,
     progress: Progress | None = None,
 ) -> LongInputsResult:
-    from clef_vllm.encoder import load_tokenizer
+    from clef_vllm.format.encoder import load_tokenizer
 
     stage = Stages(progress)
     tokenizer = load_tokenizer(model)

@@ -34,9 +34,9 @@ from clef_quant.bench.profile_trace import Breakdown, kernel_breakdown, newest_t
 from clef_quant.bench.workload import mixed_length_requests
 from clef_quant.documents import read_document
 from clef_quant.progress import Progress, Stages
+from clef_vllm.engine.invariance import BF16_GEMM_ENV, GPU_METHOD_ENV
 from clef_vllm.errors import first_validation_error
-from clef_vllm.invariance import BF16_GEMM_ENV, GPU_METHOD_ENV
-from clef_vllm.request import DEFAULT_LIMITS, Limits
+from clef_vllm.format.request import DEFAULT_LIMITS, Limits
 
 if TYPE_CHECKING:
     import torch
@@ -358,8 +358,8 @@ def run_modes(
     progress: Progress | None = None,
 ) -> ModesResult:
     """Every release in each of its modes, then the servers; `profile` names the (release, mode) pairs to profile."""
-    from clef_vllm.encoder import Encoder
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.encoder import Encoder
+    from clef_vllm.format.request import parse_request
 
     def save() -> None:
         save_to.parent.mkdir(parents=True, exist_ok=True)

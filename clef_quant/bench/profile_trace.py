@@ -11,7 +11,7 @@ from pathlib import Path
 
 # The pooler runs inside POOLER_RANGE; the profiler puts the range on the GPU timeline too, so the kernels inside
 # it are the pooler's whatever their names.
-from clef_vllm.pooling_contract import POOLER_RANGE
+from clef_vllm.engine.pooling_contract import POOLER_RANGE
 
 # Kernel name patterns by part of the model, tried in order; the first match wins.
 PARTS: tuple[tuple[str, re.Pattern[str]], ...] = (

@@ -65,7 +65,7 @@ def run_plain(source: Path, out: Path, scheme: str, records: int, max_seq_len: i
     from clef_quant.quantize.calibration import as_dataloader, build_calibration
     from clef_quant.quantize.plan import parse_recipe, recipe_needs_calibration
     from clef_quant.quantize.recipes import load_recipe
-    from clef_vllm.encoder import load_tokenizer
+    from clef_vllm.format.encoder import load_tokenizer
 
     seconds: dict[str, float] = {"imports": time.perf_counter() - started}
     config = json.loads((source / "config.json").read_text())

@@ -31,7 +31,7 @@ from clef_quant.bench.processes import free_port, running, systemone_command
 from clef_quant.bench.workload import varied_requests
 from clef_quant.formatting import facts_table, markdown_table, utc_minute
 from clef_quant.progress import Progress, Stages
-from clef_vllm.engine import CPU_KV_CACHE_ENV, apply_cpu_defaults
+from clef_vllm.engine.settings import CPU_KV_CACHE_ENV, apply_cpu_defaults
 
 
 @dataclass
@@ -135,7 +135,7 @@ def _server(
 
 def _reference(model: Path, bodies: list[dict[str, Any]], dtype: str, device: str) -> float:
     from clef_quant.reference import DTYPES, ReferenceScorer
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.request import parse_request
 
     scorer = ReferenceScorer(model, dtype=DTYPES[dtype], device=device)
     requests = [parse_request(body) for body in bodies]
@@ -161,9 +161,9 @@ def run_serve_bench(
 
     Server clients send bodies larger than `compress_above` bytes zstd-compressed (None: never). `engine_arg`:
     `--engine-arg` settings, given to every engine and server."""
-    from clef_vllm.encoder import Encoder
-    from clef_vllm.engine_options import engine_overrides
-    from clef_vllm.request import parse_request
+    from clef_vllm.engine.options import engine_overrides
+    from clef_vllm.format.encoder import Encoder
+    from clef_vllm.format.request import parse_request
 
     bodies = varied_requests(records, seed=11)
     encoder = Encoder(model, max_length=max_model_len)
@@ -180,7 +180,7 @@ def run_serve_bench(
         flags.append("--enforce-eager")
         own_size = engine_kwargs.get("kv_cache_memory_bytes")
         apply_cpu_defaults(own_size)  # the server process inherits it
-        # An engine's own size wins over the variable (`clef_vllm.engine.own_kv_cache`): say the one in use.
+        # An engine's own size wins over the variable (`clef_vllm.engine.settings.own_kv_cache`): say the one in use.
         kv_cache = (
             f"kv_cache_memory_bytes={own_size}"
             if own_size

@@ -30,10 +30,10 @@ from clef_quant.formatting import utc_minute
 from clef_quant.progress import Progress, Stages
 from clef_quant.release_folder.fingerprints import folder_fingerprint
 from clef_quant.throughput_report import ThroughputResult, ThroughputRow
-from clef_vllm.encoder import Encoder
-from clef_vllm.encoding import Encoding
 from clef_vllm.errors import ClefError
-from clef_vllm.request import ClefRequest, parse_request
+from clef_vllm.format.encoder import Encoder
+from clef_vllm.format.encoding import Encoding
+from clef_vllm.format.request import ClefRequest, parse_request
 
 
 def load_requests(source: Path, records: int) -> list[ClefRequest]:

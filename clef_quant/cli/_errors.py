@@ -93,7 +93,7 @@ def read_json_file(path: str) -> object:
     """Read a request body from a path (or `-` for stdin) as the server reads one (strict JSON, nesting limited),
     failing with one line that names the file."""
     from clef_vllm.errors import RequestError
-    from clef_vllm.strict_json import loads
+    from clef_vllm.format.strict_json import loads
 
     try:
         raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()

@@ -16,7 +16,7 @@ from clef_quant.cli._errors import fail
 from clef_quant.devices import DEVICE_HELP, device_problem, is_cuda
 from clef_quant.quantize.recipes import check_scheme, scheme_choices
 from clef_quant.tiny.sizes import SIZES
-from clef_vllm.engine_options import HELP as ENGINE_ARG_HELP
+from clef_vllm.engine.options import HELP as ENGINE_ARG_HELP
 
 QUANTIZE_SCHEMES = scheme_choices()
 
@@ -253,7 +253,7 @@ def eager_engine_kwargs(
     """The engine settings --enforce-eager and --engine-arg add; none without them, so a run's recorded settings
     stay as before. `server`: the command also starts clef-systemone with them, so they are checked as it checks
     them, before anything runs rather than when the server exits."""
-    from clef_vllm.engine_options import engine_overrides, server_engine_overrides
+    from clef_vllm.engine.options import engine_overrides, server_engine_overrides
     from clef_vllm.errors import SettingsError
 
     try:
@@ -267,7 +267,7 @@ def eager_engine_kwargs(
 def check_engines(folders: Iterable[str | Path], *, max_model_len: int, **engine_kwargs: Any) -> None:
     """Each release's engine checked as it would start (vLLM's configuration of it, nothing loaded), before the
     command does any work: a release without kernels here or a value vLLM refuses ends it in one line."""
-    from clef_vllm.engine_check import check_engine_settings
+    from clef_vllm.engine.check import check_engine_settings
 
     for folder in folders:
         check_engine_settings(folder, max_model_len=max_model_len, **engine_kwargs)

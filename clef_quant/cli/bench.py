@@ -326,8 +326,8 @@ def modes(
     from clef_quant.bench.modes_report import server_failures, write_report
     from clef_quant.bench.report_paths import check_report_out, json_beside
     from clef_quant.bench.workload import serving_requests
-    from clef_vllm.encoder import Encoder
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.encoder import Encoder
+    from clef_vllm.format.request import parse_request
 
     chosen = [MODES[name] for name in (mode or ["invariant", "batched"])]
     releases = []
@@ -397,7 +397,7 @@ def modes(
 def _native_server_flags(enforce_eager: bool, gpu: bool) -> list[str]:
     """`vllm serve` flags for the native server: eager as ours when asked, and the GDN prefill backend our engines
     get on a GPU (vLLM's default there needs FlashInfer)."""
-    from clef_vllm.engine import gpu_defaults
+    from clef_vllm.engine.settings import gpu_defaults
 
     flags = ["--enforce-eager"] if enforce_eager else []
     for key, value in (gpu_defaults({}) if gpu else {}).items():
@@ -461,7 +461,7 @@ def throughput(
     from clef_quant.bench.throughput import load_requests, plugin_side_name, run_throughput
     from clef_quant.bench.workload import image_requests
     from clef_quant.throughput_report import write_report
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.request import parse_request
 
     given = [folder for folder in (fp8, nvfp4, *(quantized or [])) if folder is not None]
     for folder in (reference, *given):

@@ -10,9 +10,9 @@ import typer
 from clef_quant.cli._errors import read_json_file, user_errors
 from clef_quant.cli._options import MaxModelLenOption, ModelOption, RequestArgument, RevisionOption
 from clef_quant.release import resolve_release
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding
-from clef_vllm.request import parse_request
-from clef_vllm.schema import QuestionType
+from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH, Encoding
+from clef_vllm.format.request import parse_request
+from clef_vllm.format.schema import QuestionType
 
 
 @user_errors
@@ -26,7 +26,7 @@ def encode(
 
     Example: clef-quant encode --model artifacts/tiny examples/request.json
     """
-    from clef_vllm.encoder import Encoder
+    from clef_vllm.format.encoder import Encoder
 
     request = parse_request(read_json_file(request_file))
     encoder = Encoder(resolve_release(model, revision), max_length=max_model_len)

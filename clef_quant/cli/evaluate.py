@@ -24,7 +24,7 @@ from clef_quant.cli._options import (
 )
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import TRANSFORMERS_QUIET, VLLM_QUIET, RichProgress, quiet_tools, stage_line
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH
+from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
 
 
 def _quiet(verbose: bool) -> None:

@@ -18,8 +18,8 @@ from clef_quant.cli._options import (
 )
 from clef_quant.cli._stderr import TRANSFORMERS_QUIET, held_tool_output, quiet_tools
 from clef_quant.release import resolve_release
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH
-from clef_vllm.request import parse_request
+from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
+from clef_vllm.format.request import parse_request
 
 SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 

@@ -25,9 +25,10 @@ from clef_quant.progress import NoProgress, Progress
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_quant.release_folder.outputs import check_output
 from clef_quant.release_folder.staged import staged_folder
-from clef_vllm.encoder import Encoder
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, render
-from clef_vllm.request import parse_request
+from clef_vllm.format.encoder import Encoder
+from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
+from clef_vllm.format.request import parse_request
+from clef_vllm.format.text import render
 
 DEFAULT_PER_TASK = 200
 DEFAULT_CALIBRATION = 512

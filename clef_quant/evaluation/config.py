@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH
+from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
 
 
 @dataclass(frozen=True)

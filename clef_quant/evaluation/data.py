@@ -22,7 +22,7 @@ from clef_quant.evaluation.summary import DataSummary
 from clef_quant.evaluation.tasks import check_gold, gold_index
 from clef_quant.formatting import first_few
 from clef_vllm.errors import RequestError, first_validation_error
-from clef_vllm.request import ClefRequest, parse_request
+from clef_vllm.format.request import ClefRequest, parse_request
 
 DATA_FORMAT = "clef-quant-eval-data/1"
 EVAL_DIR = "eval"

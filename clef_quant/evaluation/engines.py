@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH
+from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
 
 
 class EngineProvider(Protocol):
@@ -38,7 +38,7 @@ class FreshEngines:
         }
 
     def check(self, folder: Path) -> None:
-        from clef_vllm.engine_check import check_engine_settings
+        from clef_vllm.engine.check import check_engine_settings
 
         check_engine_settings(folder, max_model_len=self.max_model_len, **self.engine_kwargs)
 

@@ -35,9 +35,9 @@ from clef_quant.evaluation.sides import Side, encode_all, plan_sides
 from clef_quant.evaluation.store import ProbabilityStore, StoredRecord
 from clef_quant.progress import NoProgress, Progress
 from clef_quant.release_folder.outputs import check_output_folder
-from clef_vllm.encoder import Encoder
-from clef_vllm.encoding import Encoding
 from clef_vllm.errors import CheckpointError
+from clef_vllm.format.encoder import Encoder
+from clef_vllm.format.encoding import Encoding
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 from clef_quant.evaluation.errors import RowError, TaskFileError
 from clef_quant.evaluation.sources import label_names, load_split
 from clef_quant.evaluation.tasks import Task
-from clef_vllm.encoding import render
+from clef_vllm.format.text import render
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from clef_quant.progress import NoProgress, Progress
-from clef_vllm.answers import split_logits
-from clef_vllm.encoding import Encoding
+from clef_vllm.format.answers import split_logits
+from clef_vllm.format.encoding import Encoding
 
 # Records handed to vLLM per call. vLLM forms its own batches inside a call (max_num_seqs); the chunk only sets how
 # often progress moves and probabilities are saved.

@@ -19,9 +19,9 @@ from clef_quant.formatting import first_few
 from clef_quant.progress import NoProgress, Progress
 from clef_quant.release import resolve_release
 from clef_quant.release_folder.fingerprints import FolderFingerprint, folder_fingerprint
-from clef_vllm.encoding import Encoding
+from clef_vllm.engine.release_kernels import check_release_kernels
 from clef_vllm.errors import RequestError
-from clef_vllm.release_kernels import check_release_kernels
+from clef_vllm.format.encoding import Encoding
 
 Role = Literal["reference", "noise-floor", "candidate"]
 REFERENCE_NAME = "bf16 reference"

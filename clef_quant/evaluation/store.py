@@ -32,7 +32,7 @@ from clef_quant.release_folder import versions as release_versions
 from clef_quant.release_folder.atomic import write_text_atomic
 from clef_quant.release_folder.fingerprints import FolderFingerprint, json_digest
 from clef_quant.release_folder.versions import SCORING_TOOLS
-from clef_vllm.encoding import Encoding
+from clef_vllm.format.encoding import Encoding
 
 # The versions that can change scores: side keys and results.json record them.
 tool_versions = functools.partial(release_versions.tool_versions, SCORING_TOOLS)

@@ -55,7 +55,7 @@ from clef_quant.evaluation.expressions import (
     key_text,
 )
 from clef_vllm.errors import RequestError
-from clef_vllm.request import ClefRequest, parse_request
+from clef_vllm.format.request import ClefRequest, parse_request
 
 TASK_SUFFIX = ".yaml"
 REQUEST_MODEL = "clef-flash"  # echoed in responses only; the model that answers is the one being evaluated

@@ -51,7 +51,7 @@ from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, MANIFEST_F
 from clef_quant.release_folder.versions import tool_versions
 from clef_quant.throughput_report import ThroughputResult, report_facts, results_table
 from clef_quant.tiny.card import made_by_make_tiny
-from clef_vllm.head_files import HEAD_WEIGHTS, head_prefix
+from clef_vllm.head.files import HEAD_WEIGHTS, head_prefix
 
 if TYPE_CHECKING:
     pass
@@ -341,7 +341,7 @@ def eval_results(results: EvalResults) -> list[Any]:
 def media_facts(tables: dict[str, Any]) -> dict[str, Any]:
     """What the plugin serves of images and videos (its request limits), and whether this folder keeps the vision
     tower that reads them."""
-    from clef_vllm.request import DEFAULT_LIMITS
+    from clef_vllm.format.request import DEFAULT_LIMITS
 
     return {
         "images": DEFAULT_LIMITS.max_images,

@@ -16,7 +16,7 @@ from typing import Any
 
 from clef_quant.publish.folder import staged_card_files
 from clef_quant.release_folder.manifest import ASSETS_DIR, CARD_FILE, COPIED_TREES, MANIFEST_FILE, FileEntry, Manifest
-from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS, find_head_dir
+from clef_vllm.head.files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS, find_head_dir
 
 OTHER = "other"
 # Non-Linear tensors of the backbone, by name; first match wins, the rest are OTHER.

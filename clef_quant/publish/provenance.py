@@ -11,7 +11,7 @@ from typing import Any
 
 from clef_quant.publish.errors import PublishError
 from clef_quant.release_folder.manifest import CARD_FILE, Manifest
-from clef_vllm.release_source import is_hub_id
+from clef_vllm.format.release_source import is_hub_id
 
 DEFAULT_LICENSE_HINT = "apache-2.0"
 DEFAULT_RECIPE_FILE = "recipe.yaml"

@@ -16,7 +16,7 @@ from pathlib import Path
 from clef_quant.publish.errors import PublishError
 from clef_quant.release_folder.manifest import CARD_FILE, MANIFEST_FILE, read_manifest
 from clef_vllm.errors import CheckpointError
-from clef_vllm.release_source import is_hub_id
+from clef_vllm.format.release_source import is_hub_id
 
 DEFAULT_BRANCH = "main"
 

@@ -25,7 +25,7 @@ from clef_quant.quantize.audit_zeros import open_source, zero_block_violations
 from clef_quant.quantize.inspect_modules import ConfigSchemes
 from clef_quant.quantize.inspect_report import CHECK_SCALES, CheckResult, Violation, check_result
 from clef_quant.quantize.stored_tensors import StoredTensor
-from clef_vllm.manifest import Manifest
+from clef_vllm.format.manifest import Manifest
 
 
 def audit_release(

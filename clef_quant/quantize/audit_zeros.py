@@ -19,7 +19,7 @@ from clef_quant.quantize.inspect_modules import ConfigSchemes
 from clef_quant.quantize.inspect_report import CHECK_ZEROS, CheckResult, Violation, check_result
 from clef_quant.quantize.stored_tensors import StoredTensor, read_tensor, read_tensor_index
 from clef_vllm.errors import CheckpointError
-from clef_vllm.manifest import Manifest
+from clef_vllm.format.manifest import Manifest
 
 # Zero codes: FP8 (E4M3 or E5M2) is +0 or -0, every bit but the sign clear; a byte of packed FP4 (E2M1) holds two
 # values, each zero when its three low bits are clear.

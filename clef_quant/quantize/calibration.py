@@ -25,9 +25,9 @@ from clef_quant.formatting import first_few
 from clef_quant.progress import NoProgress, Progress
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.task_names import ENCODING
-from clef_vllm.encoding import Tokenizer, encode_request
 from clef_vllm.errors import RequestError, SchemaTooLongError, not_valid_json
-from clef_vllm.request import parse_request
+from clef_vllm.format.encoding import Tokenizer, encode_request
+from clef_vllm.format.request import parse_request
 
 # Shipped synthetic requests so the tiny flow runs offline; real data comes from the eval data builder.
 DEFAULT_CALIBRATION_FILE = shipped.calibration_file()

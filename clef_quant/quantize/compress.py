@@ -33,7 +33,7 @@ def load_model(source_dir: Path, source_config: dict[str, Any], device: str) -> 
     """The backbone class `config.json` names, in bf16, on `device`, in eval mode."""
     import torch
 
-    from clef_vllm.cpu_conv1d import use_in_transformers
+    from clef_vllm.engine.cpu.conv1d import use_in_transformers
 
     use_in_transformers()  # calibration and the scan run the model; the same bits, far faster on CPU
     model_class = backbone_class(source_config)

@@ -39,7 +39,7 @@ from typing import Any
 from clef_quant.documents import parse_json
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.release_folder.atomic import write_json_atomic
-from clef_vllm.head_files import HEAD_CONFIG, HEAD_WEIGHTS
+from clef_vllm.head.files import HEAD_CONFIG, HEAD_WEIGHTS
 
 RELEASE_CODE = "joint_schema_model.py"
 SOURCE_CARD = "README.md"

@@ -18,7 +18,7 @@ from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, check_recipe_choice
 from clef_quant.quantize.source_shards import ShardedSource, shard_header, sharded_source
 from clef_quant.release import resolve_release
 from clef_quant.release_folder.outputs import check_output
-from clef_vllm.head_files import HEAD_WEIGHTS, find_head_dir
+from clef_vllm.head.files import HEAD_WEIGHTS, find_head_dir
 
 if TYPE_CHECKING:  # run.py imports this module; the config class is only needed for annotations
     from clef_quant.quantize.run import QuantizeConfig

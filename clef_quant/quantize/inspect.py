@@ -58,7 +58,7 @@ from clef_quant.quantize.schemes import BF16, fused_groups_of
 from clef_quant.quantize.stored_tensors import group_by_module, read_tensor_index
 from clef_quant.release_folder.manifest import ManifestError, read_manifest
 from clef_vllm.errors import CheckpointError
-from clef_vllm.head_files import HEAD_SUBDIR
+from clef_vllm.head.files import HEAD_SUBDIR
 
 
 def inspect_checkpoint(folder: str | Path, *, verify_hashes: bool = True) -> InspectReport:

@@ -23,7 +23,7 @@ from clef_quant.quantize.schemes import BF16, fused_groups_of
 from clef_quant.quantize.stored_tensors import StoredTensor, read_tensor
 from clef_quant.release_folder.manifest import MANIFEST_FILE, Manifest, not_regular, verify_manifest
 from clef_quant.release_folder.writer import OWNER_FILE, PARTIAL_SUFFIX
-from clef_vllm.head_files import HEAD_CONFIG, HEAD_FILES, HEAD_SUBDIR, HEAD_WEIGHTS
+from clef_vllm.head.files import HEAD_CONFIG, HEAD_FILES, HEAD_SUBDIR, HEAD_WEIGHTS
 
 
 def unfinished_violations(folder: Path) -> list[Violation]:

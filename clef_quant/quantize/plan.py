@@ -20,7 +20,7 @@ from clef_quant.formatting import first_few
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.recipes import is_kept_bf16, keep_bf16
 from clef_quant.quantize.schemes import BF16, fused_groups_of, scheme_label
-from clef_vllm.cpu_experts import mixed_expert_layers
+from clef_vllm.engine.cpu.experts import mixed_expert_layers
 
 MAX_LISTED = 8
 

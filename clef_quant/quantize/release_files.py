@@ -11,7 +11,7 @@ from pathlib import Path
 from clef_quant.quantize.contents import BACKBONE_OUTPUTS, ReleaseContents, strip_remote_code_keys
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_quant.release_folder.writer import OWNER_FILE
-from clef_vllm.head_files import HEAD_WEIGHTS
+from clef_vllm.head.files import HEAD_WEIGHTS
 
 GENERATION_CONFIG = "generation_config.json"  # save_pretrained writes one; the source's replaces it when there
 WEIGHTS_INDEX = "model.safetensors.index.json"

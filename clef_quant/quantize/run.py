@@ -56,7 +56,7 @@ from clef_quant.quantize.streaming import (
 from clef_quant.release_folder.manifest import Manifest, build_manifest, folder_files, write_manifest
 from clef_quant.release_folder.staged import staged_folder
 from clef_quant.release_folder.writer import OWNER_FILE
-from clef_vllm.encoder import load_tokenizer
+from clef_vllm.format.encoder import load_tokenizer
 
 # What `on_stage` is told, in order ("calibrating" only for schemes that calibrate; on the streaming path
 # "loaded" means the plan is made on the model's definition and "saved" that every shard is written).

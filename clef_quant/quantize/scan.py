@@ -213,9 +213,9 @@ def _run_units(
     import torch
 
     from clef_quant.quantize.calibration import CalibrationSet, CalibrationSummary, as_dataloader
-    from clef_vllm.encoder import Encoder
-    from clef_vllm.head_files import find_head_dir, load_head
-    from clef_vllm.request import parse_request
+    from clef_vllm.format.encoder import Encoder
+    from clef_vllm.format.request import parse_request
+    from clef_vllm.head.files import find_head_dir, load_head
 
     encoder = Encoder(source_dir, max_length=config.max_seq_len, media=False)
 
@@ -343,7 +343,7 @@ def heldout_probabilities(model: Any, head: Any, encodings: list[Any], device: s
     through the reference's path (`reference.record_logits`): padded batches moved bf16 logits by up to 0.03, more
     than many units' own effect."""
     from clef_quant.reference import record_logits
-    from clef_vllm.answers import split_logits
+    from clef_vllm.format.answers import split_logits
 
     results: list[list[Any]] = []
     for encoding in encodings:

@@ -5,7 +5,7 @@ itself. `verify_manifest` re-hashes the folder and names each file that is missi
 Hashing runs on a thread pool: hashlib releases the GIL on large buffers, so a 10 GB release hashes at disk
 speed rather than one core's.
 
-`Manifest` (`clef_vllm.manifest`, where the server reads it too) is the one shape of the file: `quantize` builds
+`Manifest` (`clef_vllm.format.manifest`, where the server reads it too) is the one shape of the file: `quantize` builds
 it, `card` extends it, and every reader takes its attributes. Reading validates it (pydantic): a file that does
 not parse, or whose `files` map is not `{relative path: {"sha256": 64 hex, "size": int}}`, is a `ManifestError`
 with one line saying where, never a traceback deep in a later step. Paths must stay inside the folder (no
@@ -27,20 +27,20 @@ from clef_quant import shipped
 from clef_quant.documents import parse_json
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_quant.release_folder.versions import tool_versions
-from clef_vllm.manifest import CARD_SECTION as CARD_SECTION
-from clef_vllm.manifest import MANIFEST_FILE as MANIFEST_FILE
-from clef_vllm.manifest import MANIFEST_FORMAT as MANIFEST_FORMAT
-from clef_vllm.manifest import CalibrationEntry as CalibrationEntry
-from clef_vllm.manifest import CardEntry as CardEntry
-from clef_vllm.manifest import CardResultsEntry as CardResultsEntry
-from clef_vllm.manifest import FileEntry as FileEntry
-from clef_vllm.manifest import IncludedEntry as IncludedEntry
-from clef_vllm.manifest import Manifest as Manifest
-from clef_vllm.manifest import ManifestError as ManifestError
-from clef_vllm.manifest import RecipeEntry as RecipeEntry
-from clef_vllm.manifest import RunEntry as RunEntry
-from clef_vllm.manifest import SourceEntry as SourceEntry
-from clef_vllm.manifest import validated
+from clef_vllm.format.manifest import CARD_SECTION as CARD_SECTION
+from clef_vllm.format.manifest import MANIFEST_FILE as MANIFEST_FILE
+from clef_vllm.format.manifest import MANIFEST_FORMAT as MANIFEST_FORMAT
+from clef_vllm.format.manifest import CalibrationEntry as CalibrationEntry
+from clef_vllm.format.manifest import CardEntry as CardEntry
+from clef_vllm.format.manifest import CardResultsEntry as CardResultsEntry
+from clef_vllm.format.manifest import FileEntry as FileEntry
+from clef_vllm.format.manifest import IncludedEntry as IncludedEntry
+from clef_vllm.format.manifest import Manifest as Manifest
+from clef_vllm.format.manifest import ManifestError as ManifestError
+from clef_vllm.format.manifest import RecipeEntry as RecipeEntry
+from clef_vllm.format.manifest import RunEntry as RunEntry
+from clef_vllm.format.manifest import SourceEntry as SourceEntry
+from clef_vllm.format.manifest import validated
 
 CHUNK = 16 * 1024 * 1024
 HASH_THREADS = min(8, os.cpu_count() or 1)

@@ -32,7 +32,7 @@ from clef_quant.tiny.head import head_config, write_head
 from clef_quant.tiny.processor import write_tokenizer_and_processor
 from clef_quant.tiny.sizes import SIZES
 from clef_quant.tiny.weights import write_backbone
-from clef_vllm.head import JointSchemaHead
+from clef_vllm.head.model import JointSchemaHead
 
 # The tasks a build reports, in order; the backbone's is `backbone (DEVICE)`, counted in bytes.
 TOKENIZER_TASK = "tokenizer + processor"

@@ -9,8 +9,8 @@ import torch
 
 from clef_quant.tiny.sizes import Size
 from clef_quant.tiny.weights import DTYPE, tensor_seed
-from clef_vllm.head import JointSchemaHead
-from clef_vllm.head_files import HeadConfig, save_head
+from clef_vllm.head.files import HeadConfig, save_head
+from clef_vllm.head.model import JointSchemaHead
 
 
 def head_config(spec: Size) -> HeadConfig:

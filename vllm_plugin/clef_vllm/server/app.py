@@ -18,8 +18,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
-from clef_vllm import strict_json
 from clef_vllm.errors import RequestError
+from clef_vllm.format import strict_json
 from clef_vllm.server import lifecycle, openapi
 from clef_vllm.server.backend import EngineBackend
 from clef_vllm.server.body import read_body

@@ -19,16 +19,16 @@ from typing import Any
 
 import torch
 
-from clef_vllm.answers import response_from_logits
-from clef_vllm.encoder import Encoder, load_tokenizer
-from clef_vllm.encoding import Encoding
-from clef_vllm.engine import engine_prompt
-from clef_vllm.engine_check import engine_config
-from clef_vllm.pooling_contract import check_token_ids, pooling_params
-from clef_vllm.request import ClefRequest
+from clef_vllm.engine.check import engine_config
+from clef_vllm.engine.pooling_contract import check_token_ids, pooling_params
+from clef_vllm.engine.prompt import engine_prompt
+from clef_vllm.engine.vllm_logs import show_vllm_warnings_once
+from clef_vllm.format.answers import response_from_logits
+from clef_vllm.format.encoder import Encoder, load_tokenizer
+from clef_vllm.format.encoding import Encoding
+from clef_vllm.format.request import ClefRequest
 from clef_vllm.server.model_info import model_info
 from clef_vllm.server.settings import ServeConfig
-from clef_vllm.vllm_logs import show_vllm_warnings_once
 
 STATE_TOKENS_DROPPED = "x-clef-state-tokens-dropped"
 STATE_TOKENS_DROPPED_EXACT = "x-clef-state-tokens-dropped-exact"

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from clef_vllm.manifest import MANIFEST_FILE, Manifest
+from clef_vllm.format.manifest import MANIFEST_FILE, Manifest
 
 CARD_FILE = "README.md"
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.DOTALL)

@@ -7,8 +7,8 @@ from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Any
 
-from clef_vllm import strict_json
 from clef_vllm.errors import RequestError
+from clef_vllm.format import strict_json
 
 REQUEST_PART = "request"
 

@@ -1,5 +1,5 @@
 """Error bodies and the model list of the HTTP API, as pydantic models so that /openapi.json describes them; the
-answer body's models live with the code that builds it (`clef_vllm.answers`)."""
+answer body's models live with the code that builds it (`clef_vllm.format.answers`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from clef_vllm.answers import SystemOneResponse
+from clef_vllm.format.answers import SystemOneResponse
 
 
 class ErrorDetail(BaseModel):

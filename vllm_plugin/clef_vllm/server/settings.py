@@ -15,11 +15,11 @@ import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH
-from clef_vllm.engine_options import FLAG as ENGINE_ARG_FLAG
-from clef_vllm.engine_options import HELP as ENGINE_ARG_HELP
+from clef_vllm.engine.options import FLAG as ENGINE_ARG_FLAG
+from clef_vllm.engine.options import HELP as ENGINE_ARG_HELP
 from clef_vllm.errors import SettingsError
-from clef_vllm.request import DEFAULT_LIMITS, Limits
+from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
+from clef_vllm.format.request import DEFAULT_LIMITS, Limits
 from clef_vllm.server.connections import ConnectionLimits
 
 API_KEY_ENV = "CLEF_SYSTEMONE_API_KEY"
@@ -125,7 +125,7 @@ class ServeConfig:
         at_least=1,
     )
     # One whole prompt per engine step: the same request gets the same bits whatever else is in flight.
-    # Answers that do not move with load (clef_vllm.invariance: batch-invariant kernels on a GPU, one prompt per
+    # Answers that do not move with load (clef_vllm.engine.invariance: batch-invariant kernels on a GPU, one prompt per
     # step on a CPU).
     batch_invariant: bool = setting(
         True,
@@ -211,29 +211,29 @@ class ServeConfig:
 
     def engine_overrides(self) -> dict[str, Any]:
         """The `--engine-arg` settings; the engine arguments this server has a flag for are refused there."""
-        from clef_vllm.engine_options import server_engine_overrides
+        from clef_vllm.engine.options import server_engine_overrides
 
         return server_engine_overrides(self.engine_arg)
 
     def check(self) -> None:
         """Raise `SettingsError` for contradicting settings, before anything is loaded."""
-        from clef_vllm.engine import schedule_args
-        from clef_vllm.invariance import invariance_method, uses_gpu
+        from clef_vllm.engine.invariance import invariance_method, uses_gpu
+        from clef_vllm.engine.settings import schedule_args
 
         schedule_args(**self._schedule(), method=invariance_method(uses_gpu(), self.model))
         self.check_ranks()
 
     def check_ranks(self) -> None:
         """Raise `SettingsError` where a CPU cannot give every rank (`--tp` x `--dp`) cores of its own."""
-        from clef_vllm.cpu_threads import machine_binding, parallel_ranks
-        from clef_vllm.invariance import uses_gpu
+        from clef_vllm.engine.cpu.threads import machine_binding, parallel_ranks
+        from clef_vllm.engine.invariance import uses_gpu
 
         ranks = parallel_ranks({**self._parallel(), **self.engine_overrides()})
         if ranks > 1 and not uses_gpu():
             machine_binding(ranks)
 
     def engine_kwargs(self) -> dict[str, Any]:
-        from clef_vllm.engine import engine_args
+        from clef_vllm.engine.settings import engine_args
 
         return engine_args(
             self.model,

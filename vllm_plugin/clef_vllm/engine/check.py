@@ -16,9 +16,9 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH
 from clef_vllm.errors import SettingsError
-from clef_vllm.request import DEFAULT_LIMITS, Limits
+from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
+from clef_vllm.format.request import DEFAULT_LIMITS, Limits
 
 KV_CACHE_KEY = "kv_cache_memory_bytes"
 MIB = 2**20
@@ -45,8 +45,8 @@ def engine_config(model: str | Path, args: dict[str, Any], *, batch_invariant: b
     from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
     from vllm.usage.usage_lib import UsageContext
 
-    from clef_vllm.engine import own_kv_cache, prepare_engine_process, warn_kv_cache_space_ignored
-    from clef_vllm.vllm_logs import show_vllm_warnings_once
+    from clef_vllm.engine.settings import own_kv_cache, prepare_engine_process, warn_kv_cache_space_ignored
+    from clef_vllm.engine.vllm_logs import show_vllm_warnings_once
 
     prepare_engine_process(batch_invariant, model, args)
     show_vllm_warnings_once()
@@ -143,8 +143,8 @@ def check_engine_settings(
     """Raise `SettingsError` or `CheckpointError` (one line) where `ClefEngine(model, ...)` with these arguments
     could not start: a release without kernels here, an engine argument refused, a value vLLM refuses, a KV cache
     too small. Nothing is loaded and nothing starts; the process environment is left as it was."""
-    from clef_vllm.engine import engine_args
-    from clef_vllm.release_kernels import check_release_kernels
+    from clef_vllm.engine.release_kernels import check_release_kernels
+    from clef_vllm.engine.settings import engine_args
 
     check_release_kernels(model)
     args = engine_args(

@@ -32,8 +32,9 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from clef_vllm.errors import RequestError, SchemaTextTooLongError
-from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MIN_VIDEO_FRAMES, MediaData, MediaLimits, refuse_audio
-from clef_vllm.schema import QuestionType, QuestionTypeName
+from clef_vllm.format.media import DEFAULT_MEDIA_LIMITS, MIN_VIDEO_FRAMES, MediaData, MediaLimits, refuse_audio
+from clef_vllm.format.schema import QuestionType, QuestionTypeName
+from clef_vllm.format.text import option_text, render
 
 NOUL_DEFAULTS = {
     "true": "The proposition is true or the answer is yes.",
@@ -433,7 +434,7 @@ def parse_request(
     """Validate a JSON body and return the request with every question's options in model order.
 
     `parts` are the named file parts of a multipart request, referenced by media objects as `{"part": name}`.
-    Media stay undecoded here (`clef_vllm.media` decodes them while encoding). Raises `RequestError` with a
+    Media stay undecoded here (`clef_vllm.format.media` decodes them while encoding). Raises `RequestError` with a
     message that names the field at fault.
     """
     if not isinstance(body, dict):
@@ -464,8 +465,6 @@ def parse_request(
 def check_schema_chars(request: ClefRequest, max_length: int) -> None:
     """Refuse instructions and option texts (as the model reads them) longer than `schema_chars_limit`, one by
     one and in all, before anything is tokenized. Raises `SchemaTextTooLongError` naming the text."""
-    from clef_vllm.encoding import option_text, render  # the text the model reads is what is measured
-
     limit = schema_chars_limit(max_length)
     why = f"{SCHEMA_CHARS_PER_TOKEN} per token of the maximum length {max_length:,}"
     total = 0
@@ -540,8 +539,6 @@ def _assets(
     Assets that no string references come after the referenced ones, in the order given."""
     if not assets:
         return []
-    from clef_vllm.encoding import render  # the text the model reads decides "first"
-
     texts = [render(state)]
     for question in questions:
         texts.append(render(question.instructions) if question.instructions is not None else "")

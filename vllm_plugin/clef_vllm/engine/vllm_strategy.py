@@ -1,10 +1,10 @@
 """`vllm serve`'s own `/v1/systemone` for Clef-Flash: a read strategy registered for our architecture.
 
 vLLM parses the request into its question objects and maps the answers; this strategy turns those
-questions back into a SystemOne request, encodes it with the Flash release's encoding (`clef_vllm.encoding`:
+questions back into a SystemOne request, encodes it with the Flash release's encoding (`clef_vllm.format.encoding`:
 default max length 16,384, media placeholders together then one newline) and reads every option's
 probability in one pooling request. Images and videos come as data URLs (or plain base64), decoded and
-sampled by `clef_vllm.media` as in `clef-systemone`; they are taken unless the server runs with
+sampled by `clef_vllm.format.media` as in `clef-systemone`; they are taken unless the server runs with
 `--language-model-only`. vLLM's parser turns non-string instructions and descriptions into Python strings
 before we see them and caps choices at 26 options and scores at 10 levels; `clef-systemone` has neither
 limitation.
@@ -27,13 +27,14 @@ from vllm.entrypoints.generate.structured_decisions.strategies import (
 )
 from vllm.inputs import tokens_input
 
-from clef_vllm.answers import split_logits
-from clef_vllm.encoder import Encoder
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, render
-from clef_vllm.engine import engine_prompt
+from clef_vllm.engine.pooling_contract import check_token_ids, pooling_params
+from clef_vllm.engine.prompt import engine_prompt
 from clef_vllm.errors import RequestError
-from clef_vllm.pooling_contract import check_token_ids, pooling_params
-from clef_vllm.request import DEFAULT_LIMITS, ClefRequest, Limits
+from clef_vllm.format.answers import split_logits
+from clef_vllm.format.encoder import Encoder
+from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH, Encoding
+from clef_vllm.format.request import DEFAULT_LIMITS, ClefRequest, Limits
+from clef_vllm.format.text import render
 
 
 def _systemone_body(

@@ -11,18 +11,18 @@ the same ids as a whole-state tokenization.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from clef_vllm import state_cut
 from clef_vllm.errors import SchemaTooLongError
-from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MediaLimits
-from clef_vllm.media_encoding import MediaEncoding, encode_media
-from clef_vllm.request import ClefRequest, Limits, check_schema_chars, parse_request
-from clef_vllm.schema import RecordSchema
-from clef_vllm.state_cut import cut_state, token_ids
+from clef_vllm.format import state_cut
+from clef_vllm.format.media import DEFAULT_MEDIA_LIMITS, MediaLimits
+from clef_vllm.format.media_encoding import MediaEncoding, encode_media
+from clef_vllm.format.request import ClefRequest, Limits, check_schema_chars, parse_request
+from clef_vllm.format.schema import RecordSchema
+from clef_vllm.format.state_cut import cut_state, token_ids
+from clef_vllm.format.text import option_text, render
 
 DEFAULT_MAX_LENGTH = 16384
 
@@ -41,20 +41,6 @@ class Tokenizer(Protocol):
     def __call__(self, text: list[str], *, add_special_tokens: bool) -> Any: ...
 
     def decode(self, ids: list[int]) -> str: ...
-
-
-def render(value: Any) -> str:
-    """Text of a JSON value as the model sees it: strings as they are, anything else as compact sorted JSON."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-
-
-def option_text(option_id: str, description: Any) -> str:
-    body: dict[str, Any] = {"option_id": option_id}
-    if description is not None:
-        body["description"] = description
-    return render(body)
 
 
 @dataclass(frozen=True)

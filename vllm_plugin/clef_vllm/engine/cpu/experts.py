@@ -49,7 +49,7 @@ def mixed_expert_layers(modules: Iterable[str], scheme: Callable[[str], str]) ->
 def check_cpu_experts(model: str | Path) -> None:
     """Refuse a MoE release that keeps some experts of a layer bf16 and quantizes the others (no vLLM loads it),
     and, on a machine without a GPU, one whose quantized experts vLLM's CPU build cannot run (with what to do)."""
-    from clef_vllm.invariance import uses_gpu
+    from clef_vllm.engine.invariance import uses_gpu
 
     folder = Path(model)
     config = _read_config(folder)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from clef_vllm.encoding import Encoding
-from clef_vllm.schema import RecordSchema, is_question_type
+from clef_vllm.format.encoding import Encoding
+from clef_vllm.format.schema import RecordSchema, is_question_type
 
 if TYPE_CHECKING:
     from vllm import PoolingParams
@@ -38,7 +38,7 @@ def pooling_params(encoding: Encoding) -> PoolingParams:
     """What every front end sends with an encoded request: the schema, and raw logits back.
 
     Logits rather than the pooler's own per-question softmax, so that every front end turns them into
-    probabilities with the same code (`clef_vllm.answers.split_logits`).
+    probabilities with the same code (`clef_vllm.format.answers.split_logits`).
     """
     from vllm import PoolingParams  # here, not at the top: importing vLLM takes seconds
 

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from clef_vllm.cpu_experts import check_cpu_experts
+from clef_vllm.engine.cpu.experts import check_cpu_experts
 from clef_vllm.errors import CheckpointError
 
 CPU_FP4_SCHEMES = "nvfp4 (FP4 activations too) or w4a16 (INT4 weights)"
@@ -31,7 +31,7 @@ def check_release_kernels(model: str | Path) -> None:
 def check_cpu_dense(model: str | Path) -> None:
     """On a machine without a GPU, refuse a release storing weight-only FP4 layers, which vLLM's CPU build has no
     kernel for."""
-    from clef_vllm.invariance import uses_gpu
+    from clef_vllm.engine.invariance import uses_gpu
 
     if uses_gpu():
         return

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from clef_vllm.encoding import DEFAULT_MAX_LENGTH, Encoding, Tokenizer, encode_request, prepare_request
-from clef_vllm.media import DEFAULT_MEDIA_LIMITS, MediaLimits
-from clef_vllm.request import ClefRequest, Limits, parse_request
+from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH, Encoding, Tokenizer, encode_request, prepare_request
+from clef_vllm.format.media import DEFAULT_MEDIA_LIMITS, MediaLimits
+from clef_vllm.format.request import ClefRequest, Limits, parse_request
 
 
 def load_tokenizer(model: str | Path) -> Any:

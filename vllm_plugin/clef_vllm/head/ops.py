@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 if TYPE_CHECKING:  # head.py imports this module
-    from clef_vllm.head import JointSchemaHead
+    from clef_vllm.head.model import JointSchemaHead
 
 MAX_LOGIT_SCALE = math.log(100.0)  # the release caps both learned temperatures at 100
 

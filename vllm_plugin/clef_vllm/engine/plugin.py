@@ -9,42 +9,18 @@ twice is harmless.
 
 from __future__ import annotations
 
-# The one home of the architecture name: the model class (vllm_model.py) is registered under it and every engine
-# overrides a release's config to it (engine.py, the `vllm serve` command of engines_compat.py).
-ARCHITECTURE = "ClefFlashForJointSchema"
-_MODEL_CLASS = f"clef_vllm.vllm_model:{ARCHITECTURE}"
-
-# Clef backbones vLLM 0.32 serves with its own class: vllm/transformers_utils/model_arch_config_convertor.py
-# (Qwen3OmniMoeModelArchConfigConvertor) switches a Qwen3-Omni folder holding joint_head_config.json to
-# ClefOmniForJointSchema (vllm/model_executor/models/clef_omni.py). Every other Clef backbone (Qwen3.5: clef-flash
-# and the 27B) is served by the class this plugin registers, named with `--hf-overrides`.
-NATIVE_ARCHITECTURES = {"Qwen3OmniMoeForConditionalGeneration": "ClefOmniForJointSchema"}
-
-
-def engine_architecture(config_architectures: list[str]) -> str:
-    """The vLLM class that serves a Clef folder whose config.json names `config_architectures`."""
-    for name in config_architectures:
-        if name in NATIVE_ARCHITECTURES:
-            return NATIVE_ARCHITECTURES[name]
-    return ARCHITECTURE
-
-
-def architecture_overrides(config_architectures: list[str]) -> dict[str, list[str]]:
-    """The `hf_overrides` that make vLLM serve the folder with its Clef class ({} when vLLM picks it itself)."""
-    if engine_architecture(config_architectures) == ARCHITECTURE:
-        return {"architectures": [ARCHITECTURE]}
-    return {}
+from clef_vllm.engine.architecture import ARCHITECTURE, MODEL_CLASS
 
 
 def register() -> None:
     from vllm import ModelRegistry
 
-    from clef_vllm.vllm_logs import show_vllm_warnings_once
+    from clef_vllm.engine.vllm_logs import show_vllm_warnings_once
 
     show_vllm_warnings_once()  # also in the engine core and worker processes, which call register() too
 
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(ARCHITECTURE, _MODEL_CLASS)
+        ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
     _register_config_hook()
     _register_cpu_nvfp4_kernel()
     _register_cpu_fp8_kernel()
@@ -56,7 +32,7 @@ def _register_config_hook() -> None:
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
     if ARCHITECTURE not in MODELS_CONFIG_MAP:
-        from clef_vllm.vllm_model import ClefFlashConfig
+        from clef_vllm.engine.vllm_model import ClefFlashConfig
 
         MODELS_CONFIG_MAP[ARCHITECTURE] = ClefFlashConfig
 
@@ -75,13 +51,13 @@ def _register_cpu_nvfp4_kernel() -> None:
 
 
 def _register_cpu_fp8_kernel() -> None:
-    from clef_vllm import cpu_fp8
+    from clef_vllm.engine.cpu import fp8 as cpu_fp8
 
     cpu_fp8.register()
 
 
 def _register_cpu_conv1d() -> None:
-    from clef_vllm import cpu_conv1d
+    from clef_vllm.engine.cpu import conv1d as cpu_conv1d
 
     cpu_conv1d.register()
 
@@ -92,6 +68,6 @@ def _register_read_strategy() -> None:
     except ImportError:  # a vLLM build without the structured decisions API
         return
     if ARCHITECTURE not in strategies.READ_STRATEGIES:
-        from clef_vllm.vllm_strategy import ClefFlashStrategy
+        from clef_vllm.engine.vllm_strategy import ClefFlashStrategy
 
         strategies.READ_STRATEGIES[ARCHITECTURE] = ClefFlashStrategy

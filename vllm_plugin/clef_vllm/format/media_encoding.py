@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clef_vllm.errors import RequestError
-from clef_vllm.media import (
+from clef_vllm.format.media import (
     OMNI_FRAME_PIXELS,
     DecodedVideo,
     FrameSampler,
@@ -36,7 +36,7 @@ from clef_vllm.media import (
     decode_image,
     decode_video,
 )
-from clef_vllm.request import ClefRequest
+from clef_vllm.format.request import ClefRequest
 
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"

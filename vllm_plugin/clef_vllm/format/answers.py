@@ -12,8 +12,8 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, Field, JsonValue
 
-from clef_vllm.request import ClefRequest, Question
-from clef_vllm.schema import QuestionType
+from clef_vllm.format.request import ClefRequest, Question
+from clef_vllm.format.schema import QuestionType
 
 DECIMALS = 4
 

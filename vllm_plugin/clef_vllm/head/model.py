@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from clef_vllm.head_ops import decoder_layer, option_logits, routed_options, segment_softmax
-from clef_vllm.schema import NUM_QUESTION_TYPES, RecordSchema
+from clef_vllm.format.schema import NUM_QUESTION_TYPES, RecordSchema
+from clef_vllm.head.ops import decoder_layer, option_logits, routed_options, segment_softmax
 
 if TYPE_CHECKING:  # the config lives with the files that store it, which load into this module
-    from clef_vllm.head_files import HeadConfig
+    from clef_vllm.head.files import HeadConfig
 
 
 class EvidenceLayer(nn.Module):

@@ -33,9 +33,9 @@ from itertools import chain
 import torch
 from torch import Tensor
 
-from clef_vllm.head import JointSchemaHead
-from clef_vllm.head_ops import decoder_layer, option_logits, routed_options
-from clef_vllm.schema import RecordSchema
+from clef_vllm.format.schema import RecordSchema
+from clef_vllm.head.model import JointSchemaHead
+from clef_vllm.head.ops import decoder_layer, option_logits, routed_options
 
 MIN_TOKENS = 256
 # Longer prompts run the batched forward: their prefill dwarfs the head's launch overhead, and graphs that size

@@ -1,7 +1,7 @@
 """Clef-Flash on vLLM: the Qwen3.5 model with the joint schema head as a `token_classify` pooler.
 
-Request sequence: the front end encodes a request (`clef_vllm.encoding`) and sends its token ids with the
-schema in `PoolingParams.extra_kwargs["joint_schema"]` (`clef_vllm.pooling_contract`). The engine runs the
+Request sequence: the front end encodes a request (`clef_vllm.format.encoding`) and sends its token ids with the
+schema in `PoolingParams.extra_kwargs["joint_schema"]` (`clef_vllm.engine.pooling_contract`). The engine runs the
 prompt, possibly in several chunks; each step the pooler keeps the chunk's final hidden states, and once a
 prompt is complete it runs the head on it and returns each option's logit (or, by default, its probability
 within its question).
@@ -28,21 +28,21 @@ from vllm.tasks import PoolingTask
 from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
-from clef_vllm.answers import flat_probabilities
-from clef_vllm.errors import CheckpointError, SettingsError
-from clef_vllm.head import JointSchemaHead
-from clef_vllm.head_files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS, HeadConfig, find_head_dir, load_head
-from clef_vllm.head_graphs import GraphedHead
-from clef_vllm.invariance import (
+from clef_vllm.engine.invariance import (
     accept_gdn_layers,
     invariant_kernels_on,
     keep_cublas_for_bf16_linears,
     split_free_kernels_on,
     use_split_free_kernels,
 )
-from clef_vllm.pooling_contract import POOLER_RANGE, parse_pooling_schema
-from clef_vllm.release_source import fetch_release
-from clef_vllm.schema import RecordSchema
+from clef_vllm.engine.pooling_contract import POOLER_RANGE, parse_pooling_schema
+from clef_vllm.errors import CheckpointError, SettingsError
+from clef_vllm.format.answers import flat_probabilities
+from clef_vllm.format.release_source import fetch_release
+from clef_vllm.format.schema import RecordSchema
+from clef_vllm.head.files import HEAD_CONFIG, HEAD_SUBDIR, HEAD_WEIGHTS, HeadConfig, find_head_dir, load_head
+from clef_vllm.head.graphs import GraphedHead
+from clef_vllm.head.model import JointSchemaHead
 
 HEAD_PREFIX = "pooler.head."
 LEXICAL_TABLE_NAMES = ("lm_head.weight", "model.language_model.embed_tokens.weight")
@@ -52,8 +52,8 @@ class ClefFlashConfig(VerifyAndUpdateConfig):
     """Settings the Clef model needs whoever starts the engine (`vllm serve` included).
 
     Prefix caching would hand the pooler a prompt without the hidden states of its cached prefix. With vLLM's
-    batch-invariant or split-free kernels on (`clef_vllm.invariance`), a prompt must also run whole in one step
-    (`clef_vllm.invariance`), so chunked prefill is turned off when the step holds the longest prompt and refused
+    batch-invariant or split-free kernels on (`clef_vllm.engine.invariance`), a prompt must also run whole in one step
+    (`clef_vllm.engine.invariance`), so chunked prefill is turned off when the step holds the longest prompt and refused
     otherwise. On a GPU without FlashInfer, Gated DeltaNet's prefill runs vLLM's Triton kernels."""
 
     @staticmethod
@@ -62,7 +62,7 @@ class ClefFlashConfig(VerifyAndUpdateConfig):
         if invariant_kernels_on() or split_free_kernels_on():
             _whole_prompts_per_step(vllm_config)
         if torch.cuda.is_available() and isinstance(vllm_config.additional_config, dict):
-            from clef_vllm.engine import gpu_defaults
+            from clef_vllm.engine.settings import gpu_defaults
 
             vllm_config.additional_config.update(gpu_defaults(vllm_config.additional_config))
 

@@ -22,7 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from clef_vllm.errors import CheckpointError, not_valid_json
-from clef_vllm.head import JointSchemaHead
+from clef_vllm.head.model import JointSchemaHead
 
 HEAD_WEIGHTS = "joint_head.safetensors"
 HEAD_CONFIG = "joint_head_config.json"
