@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from clef_vllm.engine.architecture import ARCHITECTURE
-from clef_vllm.format.request import DEFAULT_LIMITS, ClefRequest, Limits, parse_request
+from clef_vllm.format.limits import DEFAULT_LIMITS, Limits
+from clef_vllm.format.request import ClefRequest, parse_request
 from clef_vllm.head.files import HEAD_FILES, HEAD_SUBDIR
 
 QWEN3_5 = "Qwen3_5ForConditionalGeneration"

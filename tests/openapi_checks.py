@@ -12,8 +12,9 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from clef_vllm.errors import RequestError
-from clef_vllm.format import request
-from clef_vllm.format.request import Limits, parse_request
+from clef_vllm.format import wire_models
+from clef_vllm.format.limits import Limits
+from clef_vllm.format.request import parse_request
 from clef_vllm.format.schema import QuestionType
 
 REQUEST_REF = "#/components/schemas/SystemOneRequest"
@@ -55,7 +56,7 @@ def assert_models_described(spec: dict[str, Any]) -> None:
     models = {
         name: model
         for name in schemas
-        if isinstance(model := getattr(request, name, None), type) and issubclass(model, BaseModel)
+        if isinstance(model := getattr(wire_models, name, None), type) and issubclass(model, BaseModel)
     }
     assert {"SystemOneRequest", "MediaObject", "NoulCriteria"} <= set(models), sorted(schemas)
     for name, model in models.items():

@@ -349,7 +349,7 @@ def test_vision_tower_is_skipped_only_when_media_are_off(tiny_dir):
     from dataclasses import replace
 
     from clef_vllm.engine.settings import engine_args
-    from clef_vllm.format.request import DEFAULT_LIMITS
+    from clef_vllm.format.limits import DEFAULT_LIMITS
     from clef_vllm.server.cli import parse_args
 
     on = engine_args(tiny_dir)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from openapi_checks import assert_limits_documented, assert_models_described
 
-from clef_vllm.format.request import DEFAULT_LIMITS, Limits
+from clef_vllm.format.limits import DEFAULT_LIMITS, Limits
 
 LIMITS = Limits(max_questions=3, max_choice_options=4, max_score_levels=5, max_id_length=6, max_images=2, max_videos=1)
 

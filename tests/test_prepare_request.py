@@ -12,7 +12,8 @@ from media_files import image_b64
 from clef_vllm.errors import RequestError
 from clef_vllm.format.encoder import Encoder
 from clef_vllm.format.encoding import encode_request, prepare_request
-from clef_vllm.format.request import DEFAULT_LIMITS, parse_request
+from clef_vllm.format.limits import DEFAULT_LIMITS
+from clef_vllm.format.request import parse_request
 
 TEXT_BODY = {"state": "a ticket", "questions": {"q": {"type": "noul"}, "r": {"type": "score", "criteria": ["a", "b"]}}}
 

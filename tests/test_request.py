@@ -10,8 +10,9 @@ import pytest
 
 from clef_vllm.errors import RequestError
 from clef_vllm.format.answers import build_response
+from clef_vllm.format.limits import Limits
 from clef_vllm.format.media import MediaData
-from clef_vllm.format.request import Limits, parse_request
+from clef_vllm.format.request import parse_request
 from clef_vllm.format.schema import QuestionType
 
 
@@ -536,7 +537,7 @@ def test_the_question_models_the_document_shows_are_the_ones_that_validate():
     """Each limit is checked where the model declares it, under the limits given as the validation context."""
     from pydantic import ValidationError
 
-    from clef_vllm.format.request import ChoiceQuestion, NoulQuestion, ScoreQuestion
+    from clef_vllm.format.wire_models import ChoiceQuestion, NoulQuestion, ScoreQuestion
 
     limits = Limits(max_choice_options=4, max_score_levels=5)
     cases = [

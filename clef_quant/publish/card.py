@@ -341,7 +341,7 @@ def eval_results(results: EvalResults) -> list[Any]:
 def media_facts(tables: dict[str, Any]) -> dict[str, Any]:
     """What the plugin serves of images and videos (its request limits), and whether this folder keeps the vision
     tower that reads them."""
-    from clef_vllm.format.request import DEFAULT_LIMITS
+    from clef_vllm.format.limits import DEFAULT_LIMITS
 
     return {
         "images": DEFAULT_LIMITS.max_images,

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH, Encoding, Tokenizer, encode_request, prepare_request
+from clef_vllm.format.limits import Limits
 from clef_vllm.format.media import DEFAULT_MEDIA_LIMITS, MediaLimits
-from clef_vllm.format.request import ClefRequest, Limits, parse_request
+from clef_vllm.format.request import ClefRequest, parse_request
 
 
 def load_tokenizer(model: str | Path) -> Any:

@@ -17,9 +17,10 @@ from typing import Any, Protocol
 
 from clef_vllm.errors import SchemaTooLongError
 from clef_vllm.format import state_cut
+from clef_vllm.format.limits import Limits
 from clef_vllm.format.media import DEFAULT_MEDIA_LIMITS, MediaLimits
 from clef_vllm.format.media_encoding import MediaEncoding, encode_media
-from clef_vllm.format.request import ClefRequest, Limits, check_schema_chars, parse_request
+from clef_vllm.format.request import ClefRequest, check_schema_chars, parse_request
 from clef_vllm.format.schema import RecordSchema
 from clef_vllm.format.state_cut import cut_state, token_ids
 from clef_vllm.format.text import option_text, render

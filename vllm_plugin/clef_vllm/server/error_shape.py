@@ -1,10 +1,11 @@
 """The one error shape, for every status and every source (our checks, FastAPI, Starlette, the unexpected).
 
+The shape is `schemas.ErrorBody`, the model /openapi.json shows, and every error body is built from it here:
 `{"error": {"type", "code", "message", "field"}, "detail": message, "code": code}`: `type` follows the status,
 `code` is a stable reason a client can switch on, `field` names the part of the request at fault (null when
 nothing in particular); `detail` and `code` repeat the message and the reason as top-level strings for clients
 that read only those.
-Under the Workers AI route the same error leaves in Cloudflare's envelope instead:
+Under the Workers AI route the same error leaves in Cloudflare's envelope instead (`schemas.WorkersAIErrorBody`):
 `{"success": false, "errors": [{"code": <HTTP status>, "message"}], "messages": [], "result": null}`.
 """
 
@@ -18,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clef_vllm.errors import RequestError
+from clef_vllm.server.schemas import ErrorBody, ErrorDetail, WorkersAIError, WorkersAIErrorBody
 
 WORKERS_AI_PREFIX = "/accounts/"
 RETRY_AFTER_SECONDS = 5
@@ -63,15 +65,19 @@ class ApiError(Exception):
 
 
 def error_body(status: int, code: str, message: str, field: str | None = None) -> dict[str, Any]:
-    kind = ERROR_TYPES.get(status, "server_error")
-    return {"error": {"type": kind, "code": code, "message": message, "field": field}, "detail": message, "code": code}
+    """An `ErrorBody`, dumped to the JSON-ready dict a response (or a raw HTTP answer) is rendered from."""
+    detail = ErrorDetail(type=ERROR_TYPES.get(status, "server_error"), code=code, message=message, field=field)
+    return ErrorBody(error=detail, detail=message, code=code).model_dump(mode="json")
 
 
 def workers_ai_error_body(status: int, message: str) -> dict[str, Any]:
-    return {"success": False, "errors": [{"code": status, "message": message}], "messages": [], "result": None}
+    """A `WorkersAIErrorBody`, dumped to the JSON-ready dict a response is rendered from."""
+    errors = [WorkersAIError(code=status, message=message)]
+    return WorkersAIErrorBody(success=False, errors=errors, messages=[], result=None).model_dump(mode="json")
 
 
 def error_payload(path: str, error: ApiError) -> dict[str, Any]:
+    """The body of `error` as the route at `path` answers it: Cloudflare's envelope under Workers AI."""
     if path.startswith(WORKERS_AI_PREFIX):
         return workers_ai_error_body(error.status, error.message)
     return error_body(error.status, error.code, error.message, error.field)

@@ -1,8 +1,8 @@
 """The request body as /openapi.json describes it: every question type, with the server's limits.
 
 Routes read their body themselves (strict JSON, decompression), so FastAPI cannot derive the schema; it is
-generated from the request models in `clef_vllm.format.request` (descriptions, shapes and the bounds they name), with
-this server's limits written in, into `components/schemas`, and referenced by both POST routes.
+generated from the request models in `clef_vllm.format.wire_models` (descriptions, shapes and the bounds they
+name), with this server's limits written in, into `components/schemas`, and referenced by both POST routes.
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic.json_schema import models_json_schema
 
-from clef_vllm.format.request import Limits, SystemOneRequest, resolve_limits
+from clef_vllm.format.limits import Limits
 from clef_vllm.format.strict_json import MAX_DEPTH, MAX_INTEGER_DIGITS
+from clef_vllm.format.wire_checks import resolve_limits
+from clef_vllm.format.wire_models import SystemOneRequest
 
 REQUEST_SCHEMA = SystemOneRequest.__name__
 REF_TEMPLATE = "#/components/schemas/{model}"

@@ -36,10 +36,11 @@ class WorkersAIResponse(BaseModel):
 
 
 class WorkersAIErrorBody(BaseModel):
+    # The order of the keys in the bodies clients get: a dump writes the fields in this order.
     success: Literal[False]
-    result: None
     errors: list[WorkersAIError] = Field(min_length=1)
     messages: list[Any]
+    result: None
 
 
 class ModelCard(BaseModel):
