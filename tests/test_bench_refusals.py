@@ -207,15 +207,6 @@ def test_engine_arguments_are_checked_as_clef_systemone_checks_them(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_engine_arguments_refused_as_server_flags_are_clef_systemones_flags() -> None:
-    from clef_vllm.engine.options import SERVER_FLAGS
-    from clef_vllm.server.cli import build_parser
-
-    flags = {option for action in build_parser()._actions for option in action.option_strings}
-    named = {flag for names in SERVER_FLAGS.values() for flag in names.split(" and ")}
-    assert named <= flags, named - flags
-
-
 def exits(reason: str) -> list[str]:
     """A server that says why it will not start, the way clef-systemone refuses its flags, and exits."""
     script = f"import sys; print('starting'); print({reason!r}, file=sys.stderr); sys.exit(2)"

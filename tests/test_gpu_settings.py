@@ -96,7 +96,7 @@ def test_clef_systemone_passes_engine_args_to_the_engine_and_names_its_own_flags
     config = parse_args(
         ["--model", str(tiny_dir), "--engine-arg", "seed=7", "--engine-arg", "kv_cache_memory_bytes=1073741824"]
     )
-    engine = config.engine_kwargs()
+    engine = config.vllm_kwargs()
     assert (engine["seed"], engine["kv_cache_memory_bytes"]) == (7, 1073741824)
     with pytest.raises(SystemExit) as info:
         main(["--model", str(tiny_dir), "--engine-arg", "tensor_parallel_size=2"])

@@ -180,14 +180,37 @@ def test_no_library_module_imports_the_tests(graph: list[Import]) -> None:
     assert wrong == [], "\n".join(wrong)
 
 
-def test_only_the_server_reads_the_server_package(graph: list[Import]) -> None:
+# What a tool reads of the server: the settings it starts one with (`ServeConfig`, whose `command_line()` writes
+# the flags), which import no HTTP package and no other part of the server.
+SERVER_SETTINGS = "clef_vllm.server.settings"
+
+
+def test_only_the_server_reads_the_server_package_but_its_settings(graph: list[Import]) -> None:
     """HTTP is the top of clef_vllm: the format, the tools and the strict JSON they share sit below it."""
     wrong = [
         str(i)
         for i in graph
-        if is_under(i.imported, "clef_vllm.server") and not is_under(i.importer, "clef_vllm.server")
+        if is_under(i.imported, "clef_vllm.server")
+        and i.imported != SERVER_SETTINGS
+        and not is_under(i.importer, "clef_vllm.server")
     ]
     assert wrong == [], "\n".join(wrong)
+
+
+def test_the_server_settings_import_no_http_and_no_other_part_of_the_server(graph: list[Import]) -> None:
+    reads: dict[str, set[str]] = {}
+    for i in graph:
+        reads.setdefault(i.importer, set()).add(i.imported)
+    seen, todo = set(), [SERVER_SETTINGS]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo += [name for name in reads.get(module, ()) if is_under(name, "clef_vllm")]
+    third_party = {name.split(".")[0] for module in seen for name in reads.get(module, ())}
+    assert third_party & HTTP == set()
+    assert {m for m in seen if is_under(m, "clef_vllm.server")} <= {SERVER_SETTINGS, "clef_vllm.server"}
 
 
 def clef_vllm_layer(module: str) -> int | None:

@@ -678,12 +678,12 @@ def test_dry_run_lists_every_file_and_sends_nothing(carded: Path, tmp_path: Path
     with LocalHub(TOKEN) as hub:
         done = upload_process(hub.url, str(carded), "--repo-id", REPO_ID, "--dry-run", home=tmp_path)
     assert done.returncode == 0, done.stderr
-    listed = dict(re.findall(r"^\s+(\d+)\s+(\S+)$", done.stdout, flags=re.MULTILINE))
-    assert sorted(listed.values()) == expected_files(carded)
+    # path -> size (two files may have the same size)
+    sizes = {path: int(size) for size, path in re.findall(r"^\s+(\d+)\s+(\S+)$", done.stdout, flags=re.MULTILINE)}
+    assert sorted(sizes) == expected_files(carded)
     # The model repo gets what serves it: the plugin and the CPU fix, not the project's demo or fixture scripts.
-    assert [p for p in listed.values() if p.startswith("scripts/")] == ["scripts/patch_torchvision.py"]
-    assert "vllm_plugin/pyproject.toml" in listed.values()
-    sizes = {path: int(size) for size, path in listed.items()}
+    assert [p for p in sizes if p.startswith("scripts/")] == ["scripts/patch_torchvision.py"]
+    assert "vllm_plugin/pyproject.toml" in sizes
     assert all(sizes[p] == (carded / p).stat().st_size for p in sizes)
     assert f"would create public model repo {REPO_ID}" in done.stdout and "token: found" in done.stdout
     assert [c for c in hub.calls if c.path != AGENT_REGISTRY] == []

@@ -244,7 +244,8 @@ _DEFAULT_ROW = re.compile(rf"^\| (`--[^|]*) \| ({NUMBER})(?: s)?((?: / {NUMBER}(
 
 
 def server_settings() -> list[tuple[dataclasses.Field, str]]:
-    from clef_vllm.server.settings import ServeConfig, flag_of, setting_of
+    from clef_vllm.engine.flags import flag_of, setting_of
+    from clef_vllm.server.settings import ServeConfig
 
     return [(f, flag_of(f)) for f in dataclasses.fields(ServeConfig) if setting_of(f) is not None]
 
@@ -266,7 +267,7 @@ def test_every_server_flag_is_in_the_readme_with_its_default():
 
 def given(config_field: dataclasses.Field, kind: type) -> tuple[list[str], object]:
     """Flag arguments that set `config_field` to something other than its default, and that value."""
-    from clef_vllm.server.settings import flag_of
+    from clef_vllm.engine.flags import flag_of
 
     flag = flag_of(config_field)
     if kind is tuple:  # repeatable: every value, in order
@@ -297,6 +298,9 @@ def test_every_flag_sets_its_field_and_nothing_else():
         config = parse_args(["--model", "m", *argv])
         assert getattr(config, config_field.name) == value, argv
         assert dataclasses.replace(config, **{config_field.name: getattr(defaults, config_field.name)}) == defaults
+        # The command line the settings write (what bench and the card start servers with) gives them back.
+        assert parse_args(config.command_line()) == config, config.command_line()
+    assert defaults.command_line() == ["--model", "m"]
 
 
 def test_the_media_flags_set_the_request_limits():

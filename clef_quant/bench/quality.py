@@ -173,7 +173,9 @@ def _evaluate(source: Path, rows: list[SchemeRow], data: Path, out: Path, max_mo
         max_model_len=max_model_len,
     )
     records = read_eval_data(data)
-    run = run_eval(config, engines=FreshEngines(max_model_len=max_model_len, enforce_eager=True), data=records)
+    run = run_eval(
+        config, engines=FreshEngines.from_keywords(max_model_len=max_model_len, enforce_eager=True), data=records
+    )
     results = ResultsFile.model_validate(run.results)
     values = results.values
     by_folder = {side.folder: side for side in results.sides if side.role == "candidate"}

@@ -114,7 +114,7 @@ def run_throughput(
     del scorer
     gc.collect()
 
-    engines = FreshEngines(max_model_len=max_model_len, **engine_kwargs)
+    engines = FreshEngines.from_keywords(max_model_len=max_model_len, **engine_kwargs)
     for name, folder in plugin:
         stage(f"plugin {name}: starting the engine")
         encoder = Encoder(folder, max_length=max_model_len)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -17,6 +17,9 @@ from clef_quant.devices import DEVICE_HELP, device_problem, is_cuda
 from clef_quant.quantize.recipes import check_scheme, scheme_choices
 from clef_quant.tiny.sizes import SIZES
 from clef_vllm.engine.options import HELP as ENGINE_ARG_HELP
+
+if TYPE_CHECKING:
+    from clef_vllm.engine.engine_settings import EngineSettings
 
 QUANTIZE_SCHEMES = scheme_choices()
 
@@ -253,15 +256,45 @@ def eager_engine_kwargs(
     """The engine settings --enforce-eager and --engine-arg add; none without them, so a run's recorded settings
     stay as before. `server`: the command also starts clef-systemone with them, so they are checked as it checks
     them, before anything runs rather than when the server exits."""
-    from clef_vllm.engine.options import engine_overrides, server_engine_overrides
+    from clef_vllm.engine.options import engine_overrides
     from clef_vllm.errors import SettingsError
+    from clef_vllm.server.settings import ServeConfig
 
     try:
-        overrides = (server_engine_overrides if server else engine_overrides)(engine_arg or [])
+        overrides = (
+            engine_overrides(engine_arg or [], ServeConfig.own_flags())
+            if server
+            else engine_overrides(engine_arg or [])
+        )
     except SettingsError as exc:
         why = "clef-systemone refuses it, and every engine this command starts, its servers too, gets --engine-arg"
         raise fail(str(exc), hint=why if server else None) from None
     return {**({"enforce_eager": True} if enforce_eager else {}), **overrides}
+
+
+def engine_settings(
+    model: str | Path,
+    *,
+    max_model_len: int,
+    batch_invariant: bool = True,
+    enforce_eager: bool = False,
+    engine_arg: list[str] | None = None,
+) -> EngineSettings:
+    """The engine settings a command's flags give (`--engine-arg` values for keys with a field there set it), or
+    one `error:` line for a value no engine takes."""
+    from clef_vllm.engine.engine_settings import EngineSettings
+    from clef_vllm.errors import SettingsError
+
+    try:
+        return EngineSettings.from_engine_args(
+            model,
+            engine_arg or [],
+            max_model_len=max_model_len,
+            batch_invariant=batch_invariant,
+            enforce_eager=enforce_eager,
+        )
+    except SettingsError as exc:
+        raise fail(str(exc)) from None
 
 
 def check_engines(folders: Iterable[str | Path], *, max_model_len: int, **engine_kwargs: Any) -> None:

@@ -17,7 +17,7 @@ from clef_quant.cli._options import (
     EnforceEagerOption,
     EngineArgOption,
     device_option,
-    eager_engine_kwargs,
+    engine_settings,
     max_model_len_option,
     read_calibration_count,
     warn_batch_size_retired,
@@ -165,7 +165,13 @@ def evaluate(
     from clef_quant.evaluation.report import write_results
     from clef_quant.evaluation.runner import run_eval
 
-    engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
+    settings = engine_settings(
+        reference,
+        max_model_len=max_model_len,
+        batch_invariant=batch_invariant,
+        enforce_eager=enforce_eager,
+        engine_arg=engine_arg,
+    )
     config = EvalConfig(
         reference=reference,
         candidates=candidate,
@@ -176,7 +182,7 @@ def evaluate(
     )
     warn_batch_size_retired(batch_size)
     records = read_eval_data(data)  # every line checked before a bar is drawn or a model loads
-    engines = FreshEngines(max_model_len=max_model_len, batch_invariant=batch_invariant, **engine_kwargs)
+    engines = FreshEngines(settings)
     with RichProgress() as progress:
         run = run_eval(config, engines=engines, progress=progress, data=records)
     paths = write_results(run.results, out)

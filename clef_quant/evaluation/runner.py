@@ -102,7 +102,7 @@ def run_eval(
     check_output_folder(Path(config.out))  # a file or /proc there fails now, not after the scoring
     progress = progress or NoProgress()
     data = data or read_eval_data(config.data)
-    engines = engines or FreshEngines(max_model_len=config.max_model_len)
+    engines = engines or FreshEngines.from_keywords(max_model_len=config.max_model_len)
     try:
         sides = plan_sides(config, engines.settings, progress)
         for folder in dict.fromkeys(side.folder for side in sides[1:]):

@@ -20,6 +20,8 @@ from clef_quant.evaluation.tasks import load_tasks
 from clef_quant.publish.results import EvalResults
 from clef_quant.quantize.contents import CODE_REASON
 from clef_quant.release_folder.manifest import Manifest, is_shipped_recipe
+from clef_vllm.engine.engine_settings import EngineSettings
+from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
 
 if TYPE_CHECKING:
     from clef_quant.publish.card import CardConfig
@@ -115,23 +117,27 @@ def quantize_command_line(manifest: Manifest, source_id: str, revision: str | No
 def _evaluate(results: EvalResults, out: Path) -> str:
     written = results.results.file
     config = written.config
-    words: list[Any] = ["clef-quant", "eval", "--reference", config.reference or results.reference.folder]
+    reference = config.reference or results.reference.folder
+    words: list[Any] = ["clef-quant", "eval", "--reference", reference]
     for candidate in config.candidates or [side.folder for side in results.candidates]:
         words += ["--candidate", candidate]
     words += ["--data", written.data.folder or "data", "--out", out]
-    if config.max_model_len:
-        words += ["--max-model-len", config.max_model_len]
-    if (config.reference_device or DEFAULT_DEVICE) != DEFAULT_DEVICE:
-        words += ["--device", config.reference_device]
     engine = config.engine
-    if str(engine.get("enforce_eager")) == "True":
-        words.append("--enforce-eager")
-    if str(engine.get("batch_invariant")) == "False":
-        words.append("--no-batch-invariant")
-    for key, value in engine.items():
-        if key not in EVAL_ENGINE_FLAGS:
-            words += ["--engine-arg", f"{key}={engine_arg_value(value)}"]
-    return _join(*words)
+    settings = EngineSettings(
+        model=str(reference),
+        max_model_len=config.max_model_len or DEFAULT_MAX_LENGTH,
+        enforce_eager=str(engine.get("enforce_eager")) == "True",
+        batch_invariant=str(engine.get("batch_invariant")) != "False",
+        engine_arg=tuple(
+            f"{key}={engine_arg_value(value)}" for key, value in engine.items() if key not in EVAL_ENGINE_FLAGS
+        ),
+    )
+    flags = settings.command_line()[2:]  # eval names the model --reference
+    if config.max_model_len and "--max-model-len" not in flags:  # recorded, so written even at its default
+        flags = [settings.flag("max_model_len"), config.max_model_len, *flags]
+    if (config.reference_device or DEFAULT_DEVICE) != DEFAULT_DEVICE:
+        flags += ["--device", config.reference_device]
+    return _join(*words, *flags)
 
 
 # The engine settings eval records that are flags of its own (or not flags at all); every other one came from an

@@ -16,6 +16,7 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
+from clef_vllm.engine.engine_settings import EngineSettings
 from clef_vllm.errors import SettingsError
 from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
 from clef_vllm.format.request import DEFAULT_LIMITS, Limits
@@ -143,12 +144,18 @@ def check_engine_settings(
     """Raise `SettingsError` or `CheckpointError` (one line) where `ClefEngine(model, ...)` with these arguments
     could not start: a release without kernels here, an engine argument refused, a value vLLM refuses, a KV cache
     too small. Nothing is loaded and nothing starts; the process environment is left as it was."""
-    from clef_vllm.engine.release_kernels import check_release_kernels
-    from clef_vllm.engine.settings import engine_args
-
-    check_release_kernels(model)
-    args = engine_args(
-        model, max_model_len=max_model_len, batch_invariant=batch_invariant, limits=limits, **engine_kwargs
+    check_settings(
+        EngineSettings.from_keywords(
+            model, max_model_len=max_model_len, batch_invariant=batch_invariant, limits=limits, **engine_kwargs
+        )
     )
+
+
+def check_settings(settings: EngineSettings) -> None:
+    """`check_engine_settings` for an engine described by `settings`."""
+    from clef_vllm.engine.release_kernels import check_release_kernels
+
+    check_release_kernels(settings.model)
+    args = settings.vllm_kwargs()
     with environment_kept():
-        engine_config(model, args, batch_invariant=batch_invariant)
+        engine_config(settings.model, args, batch_invariant=settings.batch_invariant)

@@ -30,10 +30,11 @@ from typing import Any
 
 import torch
 
+from clef_vllm.engine.engine_settings import EngineSettings
 from clef_vllm.engine.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.engine.prompt import engine_prompt
 from clef_vllm.engine.release_kernels import check_release_kernels
-from clef_vllm.engine.settings import engine_args, own_kv_cache, prepare_engine_process
+from clef_vllm.engine.settings import own_kv_cache, prepare_engine_process
 from clef_vllm.engine.vllm_logs import show_vllm_warnings_once
 from clef_vllm.errors import RequestError
 from clef_vllm.format.answers import response_from_logits
@@ -64,19 +65,32 @@ class ClefEngine:
         batch_invariant: bool = True,
         **engine_kwargs: Any,
     ) -> None:
+        self._start(
+            EngineSettings.from_keywords(
+                model, max_model_len=max_model_len, limits=limits, batch_invariant=batch_invariant, **engine_kwargs
+            )
+        )
+
+    @classmethod
+    def from_settings(cls, settings: EngineSettings) -> ClefEngine:
+        """The engine `settings` describe (what a command's flags and `--engine-arg` values set)."""
+        engine = cls.__new__(cls)
+        engine._start(settings)
+        return engine
+
+    def _start(self, settings: EngineSettings) -> None:
         from vllm import LLM
 
-        local_release(model)  # a release folder or a Hub id, before vLLM starts
-        check_release_kernels(model)
-        args = engine_args(
-            model, max_model_len=max_model_len, batch_invariant=batch_invariant, limits=limits, **engine_kwargs
-        )
-        self.model = str(model)
-        self.max_length = max_model_len
-        self.limits = limits
-        self.batch_invariant = batch_invariant
-        self.encoder = Encoder(self.model, max_length=max_model_len, media=limits.media_enabled)
-        prepare_engine_process(batch_invariant, model, args)
+        local_release(settings.model)  # a release folder or a Hub id, before vLLM starts
+        check_release_kernels(settings.model)
+        args = settings.vllm_kwargs()
+        self.settings = settings
+        self.model = settings.model
+        self.max_length = settings.max_model_len
+        self.limits = settings.limits
+        self.batch_invariant = settings.batch_invariant
+        self.encoder = Encoder(self.model, max_length=self.max_length, media=self.limits.media_enabled)
+        prepare_engine_process(self.batch_invariant, self.model, args)
         show_vllm_warnings_once()
         with own_kv_cache(args.get("kv_cache_memory_bytes")):
             self.llm = LLM(**args)

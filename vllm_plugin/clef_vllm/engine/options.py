@@ -35,19 +35,9 @@ REFUSED = {
     "hidden states of the whole model in one rank); use tensor or data parallelism",
 }
 
-# Engine arguments that most commands expose as flags of their own.
+# Engine arguments that most commands expose as flags of their own (clef-systemone's are its settings' fields,
+# `EngineSettings.own_flags`).
 COMMON_FLAGS = {"max_model_len": "--max-model-len", "enforce_eager": "--enforce-eager"}
-# And those clef-systemone does: a command that starts it with its own --engine-arg checks them as it will.
-SERVER_FLAGS = {
-    **COMMON_FLAGS,
-    "served_model_name": "--served-model-name",
-    "tensor_parallel_size": "--tp",
-    "data_parallel_size": "--dp",
-    "max_num_seqs": "--max-num-seqs",
-    "max_num_batched_tokens": "--max-num-batched-tokens",
-    "limit_mm_per_prompt": "--limit-images and --limit-videos",
-    "language_model_only": "--language-model-only",
-}
 
 
 def engine_arg_names() -> frozenset[str]:
@@ -91,11 +81,6 @@ def engine_overrides(items: Sequence[str], flags: Mapping[str, str] = COMMON_FLA
             raise SettingsError(f"{FLAG} {key} is given twice")
         overrides[key] = value
     return overrides
-
-
-def server_engine_overrides(items: Sequence[str]) -> dict[str, Any]:
-    """The engine arguments `items` ask for, refused where clef-systemone refuses them."""
-    return engine_overrides(items, SERVER_FLAGS)
 
 
 def refuse_engine_keys(keys: Iterable[str]) -> None:

@@ -131,7 +131,7 @@ class EngineBackend:
         the command with one line, not as an engine that dies while the server waits (which a supervisor restarts)."""
         # vLLM labels its metrics with this name: the one /v1/models shows, never the folder's path.
         name = model_info(self.config.model, self.config.served_model_name).name
-        kwargs = {**self.config.engine_kwargs(), "served_model_name": name}
+        kwargs = {**self.config.vllm_kwargs(), "served_model_name": name}
         self.vllm_config = engine_config(
             self.config.model, kwargs, batch_invariant=self.config.batch_invariant, serving=True
         )

@@ -16,10 +16,11 @@ import sys
 import typing
 from typing import Any, NoReturn
 
+from clef_vllm.engine.flags import Setting, flag_of, setting_of
 from clef_vllm.engine.release_kernels import check_release_kernels
 from clef_vllm.errors import USAGE_EXIT, CheckpointError, ClefError, SettingsError, usage_error_line
 from clef_vllm.format.release_source import local_release
-from clef_vllm.server.settings import ServeConfig, Setting, flag_of, setting_of
+from clef_vllm.server.settings import ServeConfig
 
 
 def refuse(message: str) -> NoReturn:

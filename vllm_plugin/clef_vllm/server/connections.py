@@ -20,7 +20,6 @@ import asyncio
 import json
 import logging
 import re
-from dataclasses import dataclass
 from typing import Any
 
 import h11
@@ -28,6 +27,7 @@ from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, H
 
 from clef_vllm.server.error_shape import RETRY_AFTER_SECONDS, error_body
 from clef_vllm.server.request_ids import REQUEST_ID_HEADERS, request_id_from
+from clef_vllm.server.settings import ConnectionLimits
 
 logger = logging.getLogger("clef_vllm.server")
 
@@ -36,13 +36,6 @@ logger = logging.getLogger("clef_vllm.server")
 # a socket with unread input makes the kernel answer with a reset, which can destroy the error response in the
 # client's receive buffer before the client reads it; a half-close first lets the response arrive intact.
 LINGER_SECONDS = 2.0
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    header_timeout: float = 10.0
-    body_timeout: float = 60.0
-    max_connections: int = 512
 
 
 # What h11 refuses, by the status it suggests: (reason phrase, code).
