@@ -19,7 +19,7 @@ from typing import Any
 from clef_vllm.engine.engine_settings import EngineSettings
 from clef_vllm.errors import SettingsError
 from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
-from clef_vllm.format.request import DEFAULT_LIMITS, Limits
+from clef_vllm.format.limits import DEFAULT_LIMITS, Limits
 
 KV_CACHE_KEY = "kv_cache_memory_bytes"
 MIB = 2**20

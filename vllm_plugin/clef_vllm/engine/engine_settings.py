@@ -18,7 +18,7 @@ from clef_vllm.engine.flags import check_bounds, command_line, flag_of, setting,
 from clef_vllm.engine.options import FLAG as ENGINE_ARG_FLAG
 from clef_vllm.engine.options import HELP as ENGINE_ARG_HELP
 from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
-from clef_vllm.format.request import DEFAULT_LIMITS, Limits
+from clef_vllm.format.limits import DEFAULT_LIMITS, Limits
 
 MEDIA_GROUP = "images and videos"
 # vLLM engine arguments that the media flags set together.

@@ -40,8 +40,9 @@ from clef_vllm.errors import RequestError
 from clef_vllm.format.answers import response_from_logits
 from clef_vllm.format.encoder import Encoder
 from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH, Encoding
+from clef_vllm.format.limits import DEFAULT_LIMITS, Limits
 from clef_vllm.format.release_source import local_release
-from clef_vllm.format.request import DEFAULT_LIMITS, ClefRequest, Limits
+from clef_vllm.format.request import ClefRequest
 
 # Engines whose core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) share vLLM's process-wide
 # distributed state; closing one must not tear that state down under the others.

@@ -25,7 +25,7 @@ from clef_vllm.engine.invariance import (
 from clef_vllm.engine.options import check_quantization, refuse_engine_keys
 from clef_vllm.errors import SettingsError
 from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
-from clef_vllm.format.request import DEFAULT_LIMITS, Limits
+from clef_vllm.format.limits import DEFAULT_LIMITS, Limits
 
 CPU_KV_CACHE_GIB = "2"
 

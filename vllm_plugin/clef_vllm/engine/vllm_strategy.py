@@ -33,7 +33,8 @@ from clef_vllm.errors import RequestError
 from clef_vllm.format.answers import split_logits
 from clef_vllm.format.encoder import Encoder
 from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH, Encoding
-from clef_vllm.format.request import DEFAULT_LIMITS, ClefRequest, Limits
+from clef_vllm.format.limits import DEFAULT_LIMITS, Limits
+from clef_vllm.format.request import ClefRequest
 from clef_vllm.format.text import render
 
 
