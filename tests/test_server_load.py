@@ -15,6 +15,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +66,7 @@ def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 def post(url: str, body: Any, timeout: float = 300) -> httpx.Response:
-    content = body if isinstance(body, bytes) else json.dumps(body)
+    content = body if isinstance(body, (bytes, Iterator)) else json.dumps(body)
     return httpx.post(
         f"{url}/v1/systemone", content=content, headers={"Content-Type": "application/json"}, timeout=timeout
     )
@@ -166,15 +167,29 @@ def test_a_12_mb_state_is_answered_beside_small_requests_with_an_estimated_drop_
     server: Server, sequential: Any
 ) -> None:
     """What the server answers; how long others wait behind such a state is measured by
-    `clef-quant bench serve --long-inputs` (bench/results/serve-cpu.md), not here."""
+    `clef-quant bench serve --long-inputs` (bench/results/serve-cpu.md), not here.
+
+    The huge body is sent in two halves, and its second half only once the small requests have their answers: so
+    they are answered while it is in flight, by construction (a server that served one body at a time would never
+    answer them, and the test would time out)."""
     bodies, expected = sequential
     huge = huge_body()
+    small_answered = threading.Event()
+
+    def two_halves() -> Iterator[bytes]:
+        yield huge[: len(huge) // 2]
+        small_answered.wait(timeout=240)
+        yield huge[len(huge) // 2 :]
+
     result: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: result.update(huge=post(server.url, huge)))
+    thread = threading.Thread(target=lambda: result.update(huge=post(server.url, two_halves())))
     thread.start()
-    time.sleep(0.3)  # the huge body is uploaded and being read
-    small = [answers(post(server.url, body)) for body in bodies[:3]]
-    thread.join()
+    try:
+        small = [answers(post(server.url, body, timeout=120)) for body in bodies[:3]]
+        assert thread.is_alive()  # the huge request is still being read
+    finally:
+        small_answered.set()
+        thread.join()
     assert small == expected[:3]
     assert result["huge"].status_code == 200, result["huge"].text
     assert result["huge"].headers[EXACT] == "false" and int(result["huge"].headers[DROPPED]) > 1_000_000
