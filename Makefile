@@ -9,7 +9,7 @@ SETUP_STAMP := $(VENV)/.clef-setup
 SETUP_INPUTS := scripts/setup_env.sh scripts/patch_torchvision.py scripts/check_env.py \
 	constraints/serve.txt constraints/quantize.txt pyproject.toml vllm_plugin/pyproject.toml
 
-.PHONY: setup test lint demo readme-examples clean
+.PHONY: setup test lint docs demo readme-examples clean
 
 setup: $(SETUP_STAMP)
 
@@ -17,17 +17,28 @@ $(SETUP_STAMP): $(SETUP_INPUTS)
 	VENV=$(VENV) PYTHON=$(PYTHON) bash scripts/setup_env.sh
 	@touch $@
 
-# Two workers (tests/conftest.py hands out one test module at a time, the longest first). Ends with the suite's
-# own summary (the 30 slowest steps, engine starts) and the whole target's wall time.
+# Two workers (tests/conftest.py hands out one test module at a time, the longest first). Ruff and the strict docs
+# build come first (a broken link or anchor in docs/ fails the target). Ends with the suite's own summary (the 30
+# slowest steps, engine starts) and the whole target's wall time.
 test: setup
-	@start=$$(date +%s); $(BIN)/ruff check . && $(BIN)/python -m pytest -q tests -n 2 --no-loadscope-reorder --durations=30; \
+	@start=$$(date +%s); $(BIN)/ruff check . && $(MKDOCS_BUILD) && \
+	$(BIN)/python -m pytest -q tests -n 2 --no-loadscope-reorder --durations=30; \
 	status=$$?; echo "make test: $$(( $$(date +%s) - start )) s (exit $$status)"; exit $$status
+
+# The documentation site (mkdocs.yml, docs/), offline, into site/. --strict: every warning (a page missing from the
+# nav, a link to a missing page or anchor) is an error; not --quiet, which keeps warnings from being counted.
+# NO_MKDOCS_2_WARNING silences mkdocs-material's banner.
+MKDOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+docs: setup
+	$(MKDOCS_BUILD)
 
 # The whole release flow on the tiny checkpoint, offline, into artifacts/demo/ (scripts/demo.sh says what runs).
 demo: setup
 	VENV=$(VENV) bash scripts/demo.sh
 
-# Only the README check of `make test`: every runnable block, in order, in a scratch folder (the whole flow).
+# Only the examples check of `make test`: every runnable block of README.md and docs/ (in mkdocs.yml's nav order),
+# in a scratch folder (the whole flow).
 readme-examples: setup
 	$(BIN)/python -m pytest -q -s tests/test_readme_examples.py
 
@@ -36,4 +47,4 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

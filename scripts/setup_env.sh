@@ -30,7 +30,7 @@ $PIP install -q --no-deps -c constraints/quantize.txt llmcompressor compressed-t
 $PIP install -q -c constraints/quantize.txt loguru "accelerate>=1.15.0" "datasets>=4.8.4" \
   "auto-round>=0.14.1" "nvidia-ml-py>=12.560.30"
 
-step "clef-vllm and clef-quant (editable) with test tools"
+step "clef-vllm and clef-quant (editable) with test and documentation tools"
 $PIP install -q -c constraints/quantize.txt --no-build-isolation -e ./vllm_plugin -e ".[dev]"
 
 step "checking the environment"

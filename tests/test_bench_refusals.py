@@ -135,7 +135,7 @@ def test_append_refuses_a_saved_report_it_cannot_read_naming_the_file(
     assert not (tmp_path / "modes.md").exists()
 
 
-# The reports `bench modes` wrote (README's benchmark table): what --append must go on reading.
+# The reports `bench modes` wrote (the table of docs/benchmarks.md): what --append must go on reading.
 MODES_REPORTS = sorted(Path(__file__).parent.parent.glob("bench/results/serve-h200*.json"))
 
 

@@ -125,8 +125,8 @@ def test_read_store_verifies_and_never_writes(stored: Path) -> None:
 
 
 def test_a_line_rewritten_with_its_hashes_recomputed_is_reused(stored: Path) -> None:
-    """The stated limit (README, `eval --help`): the hashes are plain sha256, so whoever can write the store can
-    forge a line that verifies. They catch torn files and edits that leave the hashes alone, nothing more."""
+    """The stated limit (docs/evaluate.md, `eval --help`): the hashes are plain sha256, so whoever can write the store
+    can forge a line that verifies. They catch torn files and edits that leave the hashes alone, nothing more."""
     items = entries(stored)
     items[1]["probs"][0] = [0.99, 0.01]
     rewrite(stored, items)

@@ -25,7 +25,7 @@ from clef_quant.tiny import SIZES, parameter_count
 from clef_quant.tiny.backbone_config import backbone_config, meta_model, placeholder_ids
 
 EXAMPLE_REQUEST = Path(__file__).resolve().parents[1] / "examples" / "request.json"
-# bf16 through vLLM's CPU kernels against transformers' (the README's noise floor is 0.011 on the tiny model;
+# bf16 through vLLM's CPU kernels against transformers' (docs/score.md's noise floor is 0.011 on the tiny model;
 # MoE routing adds its own rounding).
 NOISE_FLOOR = 0.05
 

@@ -3,7 +3,7 @@ rank gets cores of its own, what vLLM cannot run ends the command with one `erro
 ends the server within seconds.
 
 `--tp 2` is not started here: it starts (55-80 s on two shared cores, about twice a one-engine server) and its
-answers differ from one engine's by up to 0.012, stable across runs (README, "Several engines"); what is ours in
+answers differ from one engine's by up to 0.012, stable across runs (docs/serve.md, "Several engines"); what is ours in
 it, the cores each rank is bound to, is checked below without an engine."""
 
 from __future__ import annotations

@@ -237,8 +237,9 @@ def test_every_route_requires_the_key_unless_listed_open(tiny_dir):
 
 # -- clef-systemone's settings: one field of ServeConfig each -------------------------------------------------
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-# A row of a README table that starts with flags and then a number: "| `--max-body-mb` | 13 | ... |".
+# The pages that document clef-systemone: the server and its flags, and the media flags.
+SERVER_DOCS = [Path(__file__).resolve().parent.parent / "docs" / page for page in ("serve.md", "media.md")]
+# A row of a docs table that starts with flags and then a number: "| `--max-body-mb` | 13 | ... |".
 NUMBER = r"[0-9][0-9,]*(?:\.[0-9]+)?"
 _DEFAULT_ROW = re.compile(rf"^\| (`--[^|]*) \| ({NUMBER})(?: s)?((?: / {NUMBER}(?: s)?)*) \|", re.MULTILINE)
 
@@ -250,17 +251,17 @@ def server_settings() -> list[tuple[dataclasses.Field, str]]:
     return [(f, flag_of(f)) for f in dataclasses.fields(ServeConfig) if setting_of(f) is not None]
 
 
-def test_every_server_flag_is_in_the_readme_with_its_default():
-    readme = README.read_text(encoding="utf-8")
+def test_every_server_flag_is_in_the_docs_with_its_default():
+    docs = "\n".join(page.read_text(encoding="utf-8") for page in SERVER_DOCS)
     flags = {flag: f.default for f, flag in server_settings()}
-    assert [flag for flag in flags if f"`{flag}" not in readme] == []
+    assert [flag for flag in flags if f"`{flag}" not in docs] == []
     checked = 0
-    for row in _DEFAULT_ROW.finditer(readme):
+    for row in _DEFAULT_ROW.finditer(docs):
         named = re.findall(r"`(--[a-z-]+)", row[1])
         numbers = [row[2], *re.findall(NUMBER, row[3])]
         if len(named) == len(numbers) and all(flag in flags for flag in named):
             for flag, number in zip(named, numbers, strict=True):
-                assert float(number.replace(",", "")) == flags[flag], f"README says {flag} defaults to {number}"
+                assert float(number.replace(",", "")) == flags[flag], f"the docs say {flag} defaults to {number}"
                 checked += 1
     assert checked >= 5  # the body, timeouts and connections rows at least
 
