@@ -12,7 +12,7 @@ Every line carries two hashes, of what produced it and of its content, and nothi
 The hashes are plain sha256 with no secret: they catch torn files and edits made by hand or by a tool that knows
 nothing of them, not someone who can write the folder and recompute them. A key kept outside the folder would
 also refuse every RESULTS folder moved to another machine (where `card` reads the stored probabilities), so the
-limit is stated (README, `eval --help`) instead.
+limit is stated (docs/evaluate.md, `eval --help`) instead.
 """
 
 from __future__ import annotations
