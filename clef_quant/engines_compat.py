@@ -16,7 +16,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from clef_vllm.engine.architecture import ARCHITECTURE
+from clef_vllm.errors import CheckpointError
 from clef_vllm.format.limits import DEFAULT_LIMITS, Limits
+from clef_vllm.format.release_config import read_release_config
 from clef_vllm.format.request import ClefRequest, parse_request
 from clef_vllm.head.files import HEAD_FILES, HEAD_SUBDIR
 
@@ -100,11 +102,9 @@ class Detection:
 def config_architectures(folder: Path) -> list[str]:
     """config.json's `architectures` ([] when the file, or the key, is missing or unreadable)."""
     try:
-        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        return list(read_release_config(folder).architectures)
+    except CheckpointError:  # detection reports what is missing, not why the file is broken
         return []
-    found = config.get("architectures") if isinstance(config, dict) else None
-    return [name for name in found if isinstance(name, str)] if isinstance(found, list) else []
 
 
 def _head_at(folder: Path, head_dir: str) -> bool:

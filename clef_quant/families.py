@@ -17,12 +17,14 @@ quantizes, serves and describes a model reads the field instead of branching on 
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from clef_vllm.engine.architecture import ARCHITECTURE, NATIVE_ARCHITECTURES
+from clef_vllm.errors import CheckpointError
+from clef_vllm.format.release_config import ReleaseConfig, read_release_config, release_config
 
 QWEN3_5 = "Qwen3_5ForConditionalGeneration"
 QWEN3_OMNI = "Qwen3OmniMoeForConditionalGeneration"
@@ -121,26 +123,16 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The text model's part of a `config.json`: `thinker_config.text_config` (Omni), `text_config` (Qwen3.5) or
-    the config itself (a text-only model)."""
-    thinker = config.get("thinker_config")
-    if isinstance(thinker, dict) and isinstance(thinker.get("text_config"), dict):
-        return thinker["text_config"]
-    text = config.get("text_config")
-    return text if isinstance(text, dict) else config
-
-
-def family_of_config(config: dict[str, Any], head_hidden_size: int | None = None) -> Family | None:
-    """The family a `config.json` belongs to, or None for another model.
+def family_of_config(config: ReleaseConfig | Mapping[str, Any], head_hidden_size: int | None = None) -> Family | None:
+    """The family a `config.json` (or a transformers config's `to_dict()`) belongs to, or None for another model.
 
     Qwen3.5 folders are told apart by the text hidden size (the head's when given, else the config's): 5120 is the
     27B, anything else the flash architecture (the tiny sizes included, which say their size in their card)."""
-    architectures = config.get("architectures") or []
-    if QWEN3_OMNI in architectures or config.get("model_type") == "qwen3_omni_moe":
+    config = release_config(config)
+    if QWEN3_OMNI in config.architectures or config.model_type == "qwen3_omni_moe":
         return FAMILIES["clef-omni"]
-    if QWEN3_5 in architectures or config.get("model_type") == "qwen3_5":
-        hidden = head_hidden_size or text_config(config).get("hidden_size")
+    if QWEN3_5 in config.architectures or config.model_type == "qwen3_5":
+        hidden = head_hidden_size or config.text.hidden_size
         return FAMILIES["clef"] if hidden == FAMILIES["clef"].hidden_size else FAMILIES["clef-flash"]
     return None
 
@@ -153,12 +145,9 @@ MAKE_TINY_MARK = "clef_quant_make_tiny"
 def family_of_folder(folder: Path) -> Family | None:
     """The family of a release folder: the model its make-tiny card names when it has one (a tiny sibling has its
     model's architecture at other sizes), else what config.json says."""
-    config_path = Path(folder) / "config.json"
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
+        config = read_release_config(folder)
+    except CheckpointError:
         return None
     named = _make_tiny_model(Path(folder))
     if named in FAMILIES:

@@ -17,7 +17,6 @@ faithfully is refused with one line instead of answering with weights it did not
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from collections.abc import Sequence
@@ -32,6 +31,8 @@ from clef_vllm.errors import CheckpointError
 from clef_vllm.format.answers import response_from_logits
 from clef_vllm.format.encoder import Encoder
 from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH, Encoding
+from clef_vllm.format.release_config import QuantizationConfig, read_release_config
+from clef_vllm.format.release_source import BACKBONE_CONFIG
 from clef_vllm.format.request import ClefRequest
 from clef_vllm.head.files import find_head_dir, load_head
 
@@ -42,14 +43,12 @@ SERVED_INSTEAD = "serve it with clef-systemone or ClefEngine, which run it throu
 QUANTIZATION_TENSOR = re.compile(r"\.(?:weight|input|output)_[a-z_]+$")
 
 
-def quantization_config(folder: Path) -> dict[str, Any] | None:
+def quantization_config(folder: Path) -> QuantizationConfig | None:
     """config.json's `quantization_config` (None for a bf16 release, or a folder without a readable config)."""
     try:
-        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        return read_release_config(folder).quantization_config
+    except CheckpointError:
         return None
-    found = config.get("quantization_config") if isinstance(config, dict) else None
-    return found if isinstance(found, dict) and found else None
 
 
 def load_backbone(folder: Path, dtype: torch.dtype) -> Any:
@@ -58,15 +57,18 @@ def load_backbone(folder: Path, dtype: torch.dtype) -> Any:
     Raises CheckpointError naming the servers to use when transformers cannot run the release's quantization."""
     import transformers
 
-    config = transformers.AutoConfig.from_pretrained(folder)
+    config = read_release_config(folder)
     # The class config.json names: Qwen3_5ForConditionalGeneration (clef-flash, clef) or
     # Qwen3OmniMoeForConditionalGeneration (Clef-Omni, the thinker only).
-    model_class = getattr(transformers, config.architectures[0])
-    quantization = quantization_config(folder)
+    named = config.architectures[0] if config.architectures else None
+    model_class = getattr(transformers, named, None) if named else None
+    if model_class is None:
+        raise CheckpointError(f"{Path(folder) / BACKBONE_CONFIG} names no transformers architecture ({named})")
+    quantization = config.quantization_config
     if quantization is None:
         return model_class.from_pretrained(folder, dtype=dtype)
-    method = quantization.get("quant_method")
-    if method != "compressed-tensors":
+    method = quantization.quant_method
+    if not quantization.is_compressed_tensors:
         raise CheckpointError(_cannot_run(folder, f"it is quantized by {method!r}, not compressed-tensors"))
     # dequantize=True: the weights are decompressed once at load. Left compressed, they are decompressed by a hook
     # on the first forward pass of the whole model, which the text model alone (what records without media run
@@ -184,7 +186,7 @@ class ReferenceScorer:
         return self._model
 
     @property
-    def quantization(self) -> dict[str, Any] | None:
+    def quantization(self) -> QuantizationConfig | None:
         """The release's `quantization_config` (None for bf16): what loading dequantizes."""
         return quantization_config(self.folder)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -19,6 +19,7 @@ from clef_quant.cli._options import (
 from clef_quant.cli._stderr import TRANSFORMERS_QUIET, held_tool_output, quiet_tools
 from clef_quant.release import resolve_release
 from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
+from clef_vllm.format.release_config import QuantizationConfig
 from clef_vllm.format.request import parse_request
 
 SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -59,16 +60,16 @@ def score(
     typer.echo(json.dumps(record.response, ensure_ascii=False, indent=2))
 
 
-def dequantized_note(release: str, quantization: dict[str, Any], dtype: str) -> str:
+def dequantized_note(release: str, quantization: QuantizationConfig, dtype: str) -> str:
     """The one line that says a quantized release is scored dequantized, naming what it stores."""
     from clef_quant.quantize.schemes import scheme_label
 
     labels: list[str] = []
     quantizes_activations = False
-    for group in (quantization.get("config_groups") or {}).values():
-        label = scheme_label(group.get("weights"), group.get("input_activations"))
+    for group in quantization.groups:
+        label = scheme_label(*group.written_args())
         labels += [label] if label not in labels else []
-        quantizes_activations |= bool(group.get("input_activations"))
+        quantizes_activations |= not group.weight_only
     stored = " + ".join(labels) or "quantized"
     line = f"note: {release} stores {stored} weights; scoring dequantizes them to {dtype} in transformers"
     if quantizes_activations:

@@ -26,12 +26,13 @@ from clef_quant.quantize.inspect_modules import ConfigSchemes
 from clef_quant.quantize.inspect_report import CHECK_SCALES, CheckResult, Violation, check_result
 from clef_quant.quantize.stored_tensors import StoredTensor
 from clef_vllm.format.manifest import Manifest
+from clef_vllm.format.release_config import QuantizationConfig, ReleaseConfig
 
 
 def audit_release(
     folder: Path,
-    config: dict[str, Any],
-    quantization_config: dict[str, Any] | None,
+    config: ReleaseConfig,
+    quantization_config: QuantizationConfig | None,
     configured: ConfigSchemes,
     index: dict[str, StoredTensor],
     by_module: dict[str, dict[str, StoredTensor]],

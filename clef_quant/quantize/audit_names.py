@@ -28,6 +28,7 @@ from clef_quant.checkpoint_names import disk_tensors
 from clef_quant.quantize.inspect_report import CHECK_NAMES, CHECK_TARGETS, CheckResult, Violation, check_result
 from clef_quant.quantize.release_files import WEIGHTS_INDEX
 from clef_quant.quantize.stored_tensors import StoredTensor
+from clef_vllm.format.release_config import QuantizationConfig, ReleaseConfig
 
 # Beyond compressed-tensors' quantization parameters (QuantizationMetadata.all_qparam_names()), what its
 # compressors store in place of a module's `weight`: packed FP4/INT4 codes and GPTQ's activation order.
@@ -65,13 +66,13 @@ class ModelView:
     dropped: re.Pattern[str] | None  # names the class drops on load on purpose (Qwen3.5's `mtp.*`)
 
 
-def model_view(folder: Path, config: dict[str, Any]) -> tuple[ModelView | None, str | None]:
+def model_view(folder: Path, config: ReleaseConfig) -> tuple[ModelView | None, str | None]:
     """The model `config.json` names, or (None, why it cannot be built)."""
     import torch
 
     from clef_quant.quantize.streaming import meta_model
 
-    architecture = (config.get("architectures") or ["?"])[0]
+    architecture = (config.architectures or ["?"])[0]
     try:
         model = meta_model(folder, config)
     except Exception as exc:  # transformers refuses a config in many ways; any of them means no model to compare
@@ -109,11 +110,14 @@ def matches_a_module(view: ModelView, entry: str, class_names: set[str]) -> bool
 
 
 def target_violations(
-    view: ModelView | None, why_not: str | None, quantization_config: dict[str, Any] | None, violations: list[Violation]
+    view: ModelView | None,
+    why_not: str | None,
+    quantization_config: QuantizationConfig | None,
+    violations: list[Violation],
 ) -> CheckResult:
     """Rule 3. An ignore entry that matches nothing leaves quantized what it meant to keep (or names a module an
     engine's own model does not have); a target that matches nothing quantizes nothing."""
-    if not quantization_config:
+    if quantization_config is None:
         return CheckResult(CHECK_TARGETS, "skipped", "no quantization_config")
     if view is None:
         return CheckResult(CHECK_TARGETS, "skipped", str(why_not))
@@ -122,9 +126,9 @@ def target_violations(
         for module in view.modules.values()
         for cls in type(module).__mro__
     }
-    entries = [("ignore", entry) for entry in quantization_config.get("ignore") or []]
-    for group_name, group in (quantization_config.get("config_groups") or {}).items():
-        entries += [(f"config_groups.{group_name}.targets", target) for target in group.get("targets") or []]
+    entries = [("ignore", entry) for entry in quantization_config.ignore]
+    for group_name, group in quantization_config.config_groups.items():
+        entries += [(f"config_groups.{group_name}.targets", target) for target in group.targets]
     found = 0
     for where, entry in entries:
         if matches_a_module(view, entry, class_names):

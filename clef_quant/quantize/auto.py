@@ -34,6 +34,7 @@ from clef_quant.quantize.release_files import backbone_bytes
 from clef_quant.quantize.scan_file import GROUPS, ScanFile, config_sha256, read_scan
 from clef_quant.quantize.schemes import BF16
 from clef_quant.quantize.sensitivity import indistinguishable_pairs
+from clef_vllm.format.release_config import ReleaseConfig
 
 TEMPLATE = "auto.yaml.j2"
 # The decoder Linear layers of one group of one layer, in transformers' and vLLM's spellings (see the hybrid).
@@ -276,7 +277,7 @@ def render_recipe(plan: AutoPlan, scan_path: Path, scan_file: ScanFile) -> str:
 def load_auto_recipe(
     scan_path: Path,
     source_dir: Path,
-    source_config: dict[str, Any],
+    source_config: ReleaseConfig,
     *,
     max_kl: float | None,
     max_size_gb: float | None,

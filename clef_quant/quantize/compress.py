@@ -6,7 +6,7 @@ progress and the "calibrating" stage come from hooks on the decoder layers, sinc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +15,23 @@ from clef_quant.quantize import task_names as tasks
 from clef_quant.quantize.cpu_compat import no_pinned_memory_without_accelerator, one_rank_is_not_distributed
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.fused_scales import fused_global_scales
+from clef_quant.quantize.recipes import checked_config
 from clef_quant.quantize.source_shards import backbone_read_errors
+from clef_vllm.format.release_config import ReleaseConfig
 
 
-def backbone_class(source_config: dict[str, Any]) -> Any:
+def backbone_class(source_config: ReleaseConfig | Mapping[str, Any]) -> Any:
     """The transformers class `config.json`'s `architectures` names."""
     import transformers
 
-    architectures = source_config.get("architectures") or []
+    architectures = checked_config(source_config).architectures
     model_class = getattr(transformers, architectures[0], None) if architectures else None
     if model_class is None:
         raise QuantizeError(f"config.json names no transformers architecture ({architectures or 'none'})")
     return model_class
 
 
-def load_model(source_dir: Path, source_config: dict[str, Any], device: str) -> Any:
+def load_model(source_dir: Path, source_config: ReleaseConfig | Mapping[str, Any], device: str) -> Any:
     """The backbone class `config.json` names, in bf16, on `device`, in eval mode."""
     import torch
 

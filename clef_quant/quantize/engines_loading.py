@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clef_quant.documents import parse_json
 from clef_quant.engines_compat import ENGINES, QWEN3_5, detect_all
 from clef_quant.engines_loading_rules import HEAD, RULES, LoadRules, Verdict
 from clef_quant.formatting import first_few
 from clef_quant.quantize.inspect_modules import is_embedding
 from clef_quant.quantize.schemes import scheme_label
 from clef_quant.quantize.stored_tensors import StoredTensor, group_by_module, read_tensor, read_tensor_index
-from clef_vllm.errors import CheckpointError
+from clef_vllm.format.release_config import QuantizationConfig, QuantizationGroup, read_release_config
 
 FLOAT_DTYPES = ("BF16", "F16", "F32")
 
@@ -93,28 +92,20 @@ class Layout:
 
 
 def read_layout(folder: Path) -> Layout:
-    config_path = Path(folder) / "config.json"
-    config = parse_json(config_path.read_bytes(), where=str(config_path), error=CheckpointError)
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{config_path} is not a model config: a JSON {type(config).__name__}, not an object")
-    quantization = config.get("quantization_config") or {}
-    groups = tuple(
-        Group(tuple(g.get("targets") or ()), g.get("format") or quantization.get("format"), g.get("weights") or {},
-              g.get("input_activations"))
-        for g in (quantization.get("config_groups") or {}).values()
-    )  # fmt: skip
+    config = read_release_config(folder)
+    quantization = config.quantization_config or QuantizationConfig()
+    groups = tuple(_group(group, quantization.format) for group in quantization.groups)
     modules = {
         name: {key: value for key, value in params.items() if key != "bias"}
         for name, params in group_by_module(read_tensor_index(Path(folder))).items()
         if _is_linear(name, params)
     }
-    return Layout(
-        tuple(config.get("architectures") or ()),
-        quantization.get("quant_method"),
-        tuple(quantization.get("ignore") or ()),
-        groups,
-        modules,
-    )
+    return Layout(tuple(config.architectures), quantization.quant_method, tuple(quantization.ignore), groups, modules)
+
+
+def _group(group: QuantizationGroup, config_format: str | None) -> Group:
+    weights, inputs = group.written_args()
+    return Group(tuple(group.targets), group.format or config_format, weights or {}, inputs)
 
 
 def _is_linear(name: str, params: dict[str, StoredTensor]) -> bool:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from clef_quant.devices import device_problem
-from clef_quant.documents import read_document
 from clef_quant.quantize.auto import check_auto_options, load_auto_recipe
 from clef_quant.quantize.calibration import check_calibration_settings, read_request_bodies
 from clef_quant.quantize.contents import head_prefix_of
@@ -18,6 +17,8 @@ from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, check_recipe_choice
 from clef_quant.quantize.source_shards import ShardedSource, shard_header, sharded_source
 from clef_quant.release import resolve_release
 from clef_quant.release_folder.outputs import check_output
+from clef_vllm.errors import CheckpointError
+from clef_vllm.format.release_config import ReleaseConfig, read_release_config
 from clef_vllm.head.files import HEAD_WEIGHTS, find_head_dir
 
 if TYPE_CHECKING:  # run.py imports this module; the config class is only needed for annotations
@@ -27,18 +28,19 @@ if TYPE_CHECKING:  # run.py imports this module; the config class is only needed
 @dataclass(frozen=True)
 class CheckedInputs:
     source_dir: Path
-    source_config: dict[str, Any]
+    source_config: ReleaseConfig
     recipe: Recipe
     head_dir: Path
     shards: ShardedSource  # every header checked against its file, every indexed name found in its shard
 
 
-def bf16_source_config(source_dir: Path, verb: str) -> dict[str, Any]:
+def bf16_source_config(source_dir: Path, verb: str) -> ReleaseConfig:
     """The source release's config.json; a quantized source is refused (`verb` says what needs the bf16 one)."""
-    source_config, _ = read_document(source_dir / "config.json", what="config", error=QuantizeError)
-    if not isinstance(source_config, dict):
-        raise QuantizeError(f"{source_dir / 'config.json'} must hold a JSON object")
-    if source_config.get("quantization_config"):
+    try:
+        source_config = read_release_config(source_dir)
+    except CheckpointError as exc:
+        raise QuantizeError(str(exc)) from None
+    if source_config.quantization_config is not None:
         raise QuantizeError(f"{source_dir} is already quantized; {verb} the bf16 release")
     return source_config
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clef_quant.documents import parse_json
 from clef_quant.families import family_of_folder
 from clef_quant.quantize.audit import audit_release
 from clef_quant.quantize.inspect_checks import (
@@ -58,6 +57,8 @@ from clef_quant.quantize.schemes import BF16, fused_groups_of
 from clef_quant.quantize.stored_tensors import group_by_module, read_tensor_index
 from clef_quant.release_folder.manifest import ManifestError, read_manifest
 from clef_vllm.errors import CheckpointError
+from clef_vllm.format.release_config import read_release_config
+from clef_vllm.format.release_source import BACKBONE_CONFIG
 from clef_vllm.head.files import HEAD_SUBDIR
 
 
@@ -68,22 +69,15 @@ def inspect_checkpoint(folder: str | Path, *, verify_hashes: bool = True) -> Ins
     if unfinished:
         checks = [CheckResult(CHECK_COMPLETE, "fail", "an unfinished quantize output")]
         return InspectReport(folder, [], checks, unfinished, kind=UNFINISHED)
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise CheckpointError(f"{folder} is not a checkpoint folder: it has no config.json")
-    try:
-        config = parse_json(config_path.read_bytes(), where=str(config_path), error=CheckpointError)
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {config_path}: {exc.strerror}") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{config_path} is not a model config: a JSON {type(config).__name__}, not an object")
+    if not (folder / BACKBONE_CONFIG).is_file():
+        raise CheckpointError(f"{folder} is not a checkpoint folder: it has no {BACKBONE_CONFIG}")
+    config = read_release_config(folder)
     notes: list[str] = []
-    quantization_config = config.get("quantization_config")
-    quant_method = (quantization_config or {}).get("quant_method")
-    if not quantization_config:
+    quantization_config = config.quantization_config
+    if quantization_config is None:
         notes.append("config.json has no quantization_config: the checkpoint is not quantized")
-    elif quant_method != "compressed-tensors":
-        notes.append(f"quant_method is {quant_method!r}; only compressed-tensors configs are read")
+    elif not quantization_config.is_compressed_tensors:
+        notes.append(f"quant_method is {quantization_config.quant_method!r}; only compressed-tensors configs are read")
         quantization_config = None
 
     index = read_tensor_index(folder)
@@ -98,7 +92,7 @@ def inspect_checkpoint(folder: str | Path, *, verify_hashes: bool = True) -> Ins
         manifest = read_manifest(folder)
     except ManifestError as exc:
         manifest_error = str(exc)
-    is_source = not quantization_config and manifest is None and manifest_error is None
+    is_source = quantization_config is None and manifest is None and manifest_error is None
     is_source = is_source and not (folder / HEAD_SUBDIR).exists()
     audit_checks = audit_release(
         folder, config, quantization_config, configured, index, by_module, manifest, violations, notes
@@ -108,7 +102,7 @@ def inspect_checkpoint(folder: str | Path, *, verify_hashes: bool = True) -> Ins
     head_check = check_head(folder, violations, notes)
 
     kept = [m.name for m in modules if m.scheme == BF16 and not is_kept_bf16(m.name)]
-    if quantization_config and kept:
+    if quantization_config is not None and kept:
         notes.append(
             f"{len(kept)} Linear module(s) outside the keep-list stay bf16: "
             + ", ".join(kept[:5])

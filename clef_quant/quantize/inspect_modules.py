@@ -8,6 +8,7 @@ from clef_quant.quantize.inspect_report import CHECK_CONSISTENT, CHECK_KEEP, Lin
 from clef_quant.quantize.recipes import matches_target
 from clef_quant.quantize.schemes import BF16, module_kind, scheme_label
 from clef_quant.quantize.stored_tensors import StoredTensor, dense_shape, describe_stored
+from clef_vllm.format.release_config import QuantizationConfig
 
 QUANTIZED_MARKERS = ("weight_packed", "weight_scale")
 UNKNOWN_SCHEME = "quantized (scheme not in config)"
@@ -21,17 +22,17 @@ def is_embedding(name: str) -> bool:
 class ConfigSchemes:
     """The scheme label compressed-tensors' config assigns to a Linear module by name."""
 
-    def __init__(self, quantization_config: dict[str, Any] | None, notes: list[str]) -> None:
+    def __init__(self, quantization_config: QuantizationConfig | None, notes: list[str]) -> None:
         self.groups: list[tuple[list[str], str]] = []
         self.weight_args: list[dict[str, Any]] = []  # each group's `weights` arguments, in the order of `groups`
         self.ignore: list[str] = []
-        if not quantization_config:
+        if quantization_config is None:
             return
-        for group in (quantization_config.get("config_groups") or {}).values():
-            label = scheme_label(group.get("weights"), group.get("input_activations"))
-            self.groups.append((list(group.get("targets") or []), label))
-            self.weight_args.append(dict(group.get("weights") or {}))
-        self.ignore = list(quantization_config.get("ignore") or [])
+        for group in quantization_config.groups:
+            weights, inputs = group.written_args()
+            self.groups.append((list(group.targets), scheme_label(weights, inputs)))
+            self.weight_args.append(weights or {})
+        self.ignore = list(quantization_config.ignore)
         odd = sorted(
             {t for targets, _ in self.groups for t in targets if self._is_class(t) and t != "Linear"}
             | {t for t in self.ignore if self._is_class(t) and t != "Linear"}

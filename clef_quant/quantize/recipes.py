@@ -10,15 +10,18 @@ filled text is what runs and what the manifest records.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 from clef_quant.documents import parse_yaml
-from clef_quant.families import FAMILIES, Family, family_of_config, text_config
+from clef_quant.families import FAMILIES, Family, family_of_config
 from clef_quant.quantize import registry
 from clef_quant.quantize.errors import QuantizeError
+from clef_vllm.errors import CheckpointError
+from clef_vllm.format.release_config import ReleaseConfig, release_config
 
 CUSTOM_SCHEME = "custom"
 # Not a recipe: a per-layer mix chosen from a scan (quantize/auto.py).
@@ -82,15 +85,23 @@ def is_kept_bf16(name: str, family: Family | None = None) -> bool:
     return any(matches_target(name, target) for target in targets)
 
 
-def num_decoder_layers(config: dict[str, Any]) -> int:
+def checked_config(config: ReleaseConfig | Mapping[str, Any]) -> ReleaseConfig:
+    """`config` typed (a mapping is a `config.json` already parsed); one of another shape is a QuantizeError."""
+    try:
+        return release_config(config)
+    except CheckpointError as exc:
+        raise QuantizeError(str(exc)) from None
+
+
+def num_decoder_layers(config: ReleaseConfig | Mapping[str, Any]) -> int:
     """Decoder layer count from a `config.json` (the text config of a vision-language checkpoint)."""
-    layers = text_config(config).get("num_hidden_layers")
-    if not isinstance(layers, int) or layers < 1:
+    layers = checked_config(config).text.num_hidden_layers
+    if layers is None or layers < 1:
         raise QuantizeError("config.json has no num_hidden_layers (text_config.num_hidden_layers)")
     return layers
 
 
-def layer_variables(config: dict[str, Any]) -> dict[str, Any]:
+def layer_variables(config: ReleaseConfig | Mapping[str, Any]) -> dict[str, Any]:
     """Placeholder values for a checkpoint: the layer count and the two halves as regex alternations.
 
     An odd count puts the extra layer in the second half (the half that gets the narrower format keeps
@@ -173,7 +184,7 @@ def scheme_recipe_path(scheme: str) -> Traversable:
     return registry.schemes().recipe_path(scheme)
 
 
-def load_recipe(scheme: str | None, recipe_file: Path | None, config: dict[str, Any]) -> Recipe:
+def load_recipe(scheme: str | None, recipe_file: Path | None, config: ReleaseConfig | Mapping[str, Any]) -> Recipe:
     """The recipe for a scheme (or a user file, which wins), filled for this checkpoint and checked as YAML.
 
     A file's front matter (a first YAML document under `clef:`, as the shipped recipes have) is not part of the
@@ -186,6 +197,7 @@ def load_recipe(scheme: str | None, recipe_file: Path | None, config: dict[str, 
         _, template = registry.split_front_matter(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise QuantizeError(f"cannot read recipe {path}: {exc.strerror}") from None
+    config = checked_config(config)
     variables = layer_variables(config)
     text = fill(template, variables, keep_bf16(family_of_config(config)))
     parsed = parse_yaml(text, where=f"recipe {path}", error=QuantizeError)

@@ -57,6 +57,7 @@ from clef_quant.release_folder.manifest import Manifest, build_manifest, folder_
 from clef_quant.release_folder.staged import staged_folder
 from clef_quant.release_folder.writer import OWNER_FILE
 from clef_vllm.format.encoder import load_tokenizer
+from clef_vllm.format.release_config import ReleaseConfig
 
 # What `on_stage` is told, in order ("calibrating" only for schemes that calibrate; on the streaming path
 # "loaded" means the plan is made on the model's definition and "saved" that every shard is written).
@@ -114,7 +115,7 @@ class _Job:
 
     config: QuantizeConfig
     source_dir: Path
-    source_config: dict[str, Any]
+    source_config: ReleaseConfig
     recipe: Recipe
     shards: ShardedSource
     contents: ReleaseContents

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.bootstrap import Bootstrap
-from clef_quant.families import text_config
 from clef_quant.progress import NoProgress, Progress
 from clef_quant.quantize import registry
 from clef_quant.quantize.calibration import (
@@ -46,7 +45,7 @@ from clef_quant.quantize.calibration import (
 from clef_quant.quantize.compress import decoder_layers_path, load_model, run_oneshot
 from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inputs import bf16_source_config, check_device
-from clef_quant.quantize.recipes import load_recipe
+from clef_quant.quantize.recipes import load_recipe, num_decoder_layers
 from clef_quant.quantize.scan_file import (
     GROUPS,
     SCAN_FORMAT,
@@ -63,6 +62,7 @@ from clef_quant.quantize.sensitivity import bootstrap_settings, kl_interval
 from clef_quant.quantize.source_shards import sharded_source
 from clef_quant.release import resolve_release
 from clef_quant.release_folder.outputs import check_output_folder
+from clef_vllm.format.release_config import ReleaseConfig
 
 # The candidates are the schemes whose front matter has `scan:` (registry.py): those whose modifiers change
 # nothing but Linear weights and their quantization parameters, so a unit can be switched on alone (AWQ also
@@ -111,9 +111,8 @@ def scan(config: ScanConfig, progress: Progress | None = None) -> ScanOutcome:
     source_dir, source_config, bodies_heldout, bodies_calibration, settings = _check(config)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = text_config(source_config)
-    layer_types = list(text.get("layer_types") or [])
-    num_layers = int(text["num_hidden_layers"])
+    layer_types = list(source_config.text.layer_types or [])
+    num_layers = num_decoder_layers(source_config)
     existing = _existing(out / SCAN_JSON, config, source_dir, settings)
     resumed = len(existing.units) if existing else 0
     scan_file = existing or ScanFile(
@@ -202,7 +201,7 @@ def _existing(path: Path, config: ScanConfig, source_dir: Path, settings: ScanSe
 def _run_units(
     config: ScanConfig,
     source_dir: Path,
-    source_config: dict[str, Any],
+    source_config: ReleaseConfig,
     calibration_bodies: list[dict],
     heldout_bodies: list[dict],
     todo: dict[str, list[tuple[int, str]]],
@@ -303,9 +302,7 @@ def _layer_prefix(model: Any) -> str:
     return path
 
 
-def calibrate_in_memory(
-    model: Any, source_config: dict[str, Any], scheme: str, dataloader: Any, tokenizer: Any
-) -> None:
+def calibrate_in_memory(model: Any, source_config: ReleaseConfig, scheme: str, dataloader: Any, tokenizer: Any) -> None:
     """The same oneshot `clef-quant quantize --scheme SCHEME` runs, on the in-memory model."""
     from clef_quant.quantize.plan import parse_recipe, plan_quantization, recipe_needs_calibration
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +37,8 @@ from clef_quant.quantize.plan import QuantPlan, plan_quantization, recipe_needs_
 from clef_quant.quantize.schemes import BF16, scheme_label
 from clef_quant.quantize.shard_writer import HashingShardWriter
 from clef_quant.quantize.source_shards import INDEX_FILE, SINGLE_SHARD, ShardedSource, shard_read_errors, sharded_source
+from clef_vllm.errors import CheckpointError
+from clef_vllm.format.release_config import ReleaseConfig, read_release_config
 
 # The schemes that take the streaming path unless --no-streaming are those whose front matter says
 # `streaming: true` (registry.py): the ones whose output is bit-identical to the oneshot path's
@@ -71,7 +73,7 @@ def streaming_problem(recipe_obj: Any) -> str | None:
     return None
 
 
-def meta_model(source_dir: Path, source_config: dict[str, Any]) -> Any:
+def meta_model(source_dir: Path, source_config: ReleaseConfig | Mapping[str, Any]) -> Any:
     """The backbone's module tree on the meta device: names, classes and shapes, no weights."""
     import torch
     from transformers import AutoConfig
@@ -92,7 +94,10 @@ class StreamingPlan:
 
 
 def plan_streaming(
-    source_dir: Path, source_config: dict[str, Any], recipe_obj: Any, source: ShardedSource | None = None
+    source_dir: Path,
+    source_config: ReleaseConfig | Mapping[str, Any],
+    recipe_obj: Any,
+    source: ShardedSource | None = None,
 ) -> StreamingPlan:
     """Resolve the recipe against the meta model and the checkpoint's tensors (`source`, checked already, or read
     here); NotStreamable when streaming would not give exactly what oneshot gives."""
@@ -253,6 +258,9 @@ def _write_config(source_dir: Path, partial: Path, splan: StreamingPlan, convert
             "transform_config": {},
         }
     )
-    config = json.loads((source_dir / "config.json").read_text(encoding="utf-8"))
+    try:
+        config = read_release_config(source_dir).document()  # every key of the source, not only the typed ones
+    except CheckpointError as exc:
+        raise QuantizeError(str(exc)) from None
     config["quantization_config"] = quantization
     (partial / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clef_vllm.errors import CheckpointError
+from clef_vllm.format.release_config import read_release_config
 from clef_vllm.format.release_source import BACKBONE_CONFIG
 
 # The one home of the architecture name: the model class (engine.vllm_model) is registered under it and every engine
@@ -35,18 +37,15 @@ def architecture_overrides(config_architectures: list[str]) -> dict[str, list[st
 
 def config_architectures(model: str | Path) -> list[str]:
     """config.json's `architectures` of a local folder or a Hub id ([] when it cannot be read)."""
-    import json
-
-    path = Path(model) / BACKBONE_CONFIG
-    if not path.is_file():
+    folder = Path(model)
+    if not (folder / BACKBONE_CONFIG).is_file():
         try:
             from huggingface_hub import hf_hub_download
 
-            path = Path(hf_hub_download(str(model), BACKBONE_CONFIG))
+            folder = Path(hf_hub_download(str(model), BACKBONE_CONFIG)).parent
         except Exception:  # offline or no such repo: vLLM reports it when it starts
             return []
     try:
-        found = json.loads(path.read_text(encoding="utf-8")).get("architectures")
-    except (OSError, ValueError, AttributeError):
+        return list(read_release_config(folder).architectures)
+    except CheckpointError:  # vLLM reports a broken config.json itself, in its own words
         return []
-    return [str(name) for name in found] if isinstance(found, list) else []

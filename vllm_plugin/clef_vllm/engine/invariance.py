@@ -33,12 +33,12 @@ row differently with the number of rows in the call.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-from clef_vllm.errors import SettingsError
+from clef_vllm.errors import CheckpointError, SettingsError
+from clef_vllm.format.release_config import read_release_config
 
 BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
 BF16_GEMM_ENV = "CLEF_INVARIANT_BF16_GEMM"  # "cublas" (split-K off, the default on Hopper and newer) or "triton"
@@ -106,19 +106,10 @@ def batches_whole_prompts(method: str) -> bool:
 
 def stores_fp4_weights(model: str | Path) -> bool:
     """Whether a release folder's compressed-tensors config stores 4-bit float weights (NVFP4, NVFP4A16)."""
-    config = Path(model) / "config.json"
-    if not config.is_file():
-        return False
     try:
-        quantization = json.loads(config.read_text(encoding="utf-8")).get("quantization_config") or {}
-    except (ValueError, OSError):
-        return False
-    groups = quantization.get("config_groups") or {}
-    return any(
-        (group.get("weights") or {}).get("num_bits") == 4 and (group.get("weights") or {}).get("type") == "float"
-        for group in groups.values()
-        if isinstance(group, dict)
-    )
+        return read_release_config(model).stores_fp4_weights
+    except CheckpointError:
+        return False  # a Hub id, or a folder the engine reports itself
 
 
 def set_invariant_kernels(enabled: bool) -> None:

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from clef_vllm.errors import SettingsError
+from clef_vllm.errors import CheckpointError, SettingsError
+from clef_vllm.format.release_config import read_release_config
 
 FLAG = "--engine-arg"
 HELP = (
@@ -96,12 +97,11 @@ def check_quantization(model: str | Path, quantization: Any) -> None:
     evaluated; on a quantized folder vLLM reads the method from its config.json."""
     if quantization is None:
         return
-    config = Path(model) / "config.json"
     try:
-        stored = json.loads(config.read_text(encoding="utf-8")).get("quantization_config") or {}
-    except (OSError, ValueError, AttributeError):
+        stored = read_release_config(model).quantization_config
+    except CheckpointError:
         return  # a Hub id, or a folder vLLM will report itself
-    method = stored.get("quant_method") if isinstance(stored, dict) else None
+    method = stored.quant_method if stored is not None else None
     given = f"quantization={json.dumps(quantization)}"
     if not method:
         raise SettingsError(

@@ -12,12 +12,11 @@ through vLLM's own.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from clef_vllm.engine.cpu.experts import check_cpu_experts
 from clef_vllm.errors import CheckpointError
+from clef_vllm.format.release_config import QuantizationGroup, read_release_config
 
 CPU_FP4_SCHEMES = "nvfp4 (FP4 activations too) or w4a16 (INT4 weights)"
 
@@ -36,7 +35,7 @@ def check_cpu_dense(model: str | Path) -> None:
     if uses_gpu():
         return
     for group in _config_groups(Path(model)):
-        if _weight_only_fp4(group):
+        if group.stores_fp4_weights and group.weight_only:
             raise CheckpointError(
                 f"{model}: vLLM's CPU build has no kernel for weight-only FP4 (NVFP4A16: FP4 weights, bf16 "
                 f"activations), which this release stores; on a CPU serve one quantized as {CPU_FP4_SCHEMES} "
@@ -44,15 +43,9 @@ def check_cpu_dense(model: str | Path) -> None:
             )
 
 
-def _config_groups(folder: Path) -> list[dict[str, Any]]:
+def _config_groups(folder: Path) -> list[QuantizationGroup]:
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        groups = (config.get("quantization_config") or {}).get("config_groups") or {}
-        return [group for group in groups.values() if isinstance(group, dict)]
-    except (OSError, ValueError, AttributeError):
+        quantization = read_release_config(folder).quantization_config
+    except CheckpointError:
         return []  # a Hub id, or a folder vLLM will report itself
-
-
-def _weight_only_fp4(group: dict[str, Any]) -> bool:
-    weights = group.get("weights") or {}
-    return weights.get("type") == "float" and weights.get("num_bits") == 4 and not group.get("input_activations")
+    return quantization.groups if quantization is not None else []

@@ -20,9 +20,9 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from clef_vllm.errors import CheckpointError
+from clef_vllm.format.release_config import QuantizationArgs, QuantizationGroup, read_release_config
 
 CPU_EXPERT_SCHEMES = "fp8-block (on CPUs with AMX) or w4a16"
 INDEX_FILE = "model.safetensors.index.json"
@@ -52,21 +52,22 @@ def check_cpu_experts(model: str | Path) -> None:
     from clef_vllm.engine.invariance import uses_gpu
 
     folder = Path(model)
-    config = _read_config(folder)
-    if config is None or not _has_experts(config):
+    try:
+        config = read_release_config(folder)
+    except CheckpointError:
+        return  # not a local folder, or not readable: the engine reports it
+    quantization = config.quantization_config
+    if quantization is None or not config.has_routed_experts:
         return
-    quantization = config.get("quantization_config") or {}
-    if not quantization:
-        return
-    ignore = [str(entry) for entry in quantization.get("ignore") or []]
+    ignore = quantization.ignore
     experts = sorted(module for module in _stored_modules(folder) if expert_layer(module) is not None)
     mixed = mixed_expert_layers(experts, lambda module: "bf16" if _ignored(module, ignore) else "quantized")
     if mixed:
         raise CheckpointError(f"{model}: {_describe_mixed(mixed)}")
     if uses_gpu() or (experts and all(_ignored(module, ignore) for module in experts)):
         return
-    for group in (quantization.get("config_groups") or {}).values():
-        if isinstance(group, dict) and not _runs_on_cpu(group):
+    for group in quantization.groups:
+        if not _runs_on_cpu(group):
             raise CheckpointError(
                 f"{model}: vLLM's CPU build cannot run this release's quantized experts "
                 f"({_describe(group)}); on a CPU it runs MoE experts quantized as {CPU_EXPERT_SCHEMES}. "
@@ -86,14 +87,6 @@ def _describe_mixed(mixed: dict[str, dict[str, list[str]]]) -> str:
         "can load this release. Quantize the bf16 release again with every expert of a layer quantized alike, or "
         "all of them kept bf16"
     )
-
-
-def _read_config(folder: Path) -> dict[str, Any] | None:
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # not a local folder, or not readable: the engine reports it
-    return config if isinstance(config, dict) else None
 
 
 def _stored_modules(folder: Path) -> set[str]:
@@ -135,31 +128,24 @@ def _ignored(module: str, ignore: list[str]) -> bool:
     return False
 
 
-def _has_experts(config: dict[str, Any]) -> bool:
-    """Whether any (nested) model config has routed experts (Omni keeps them in thinker_config.text_config)."""
-    if (config.get("num_experts") or 0) > 0:
+def _runs_on_cpu(group: QuantizationGroup) -> bool:
+    weights = group.weights or QuantizationArgs()
+    activations = group.input_activations
+    if weights.type == "int" and weights.num_bits == 4 and activations is None:
         return True
-    return any(isinstance(value, dict) and _has_experts(value) for value in config.values())
-
-
-def _runs_on_cpu(group: dict[str, Any]) -> bool:
-    weights = group.get("weights") or {}
-    activations = group.get("input_activations")
-    if weights.get("type") == "int" and weights.get("num_bits") == 4 and activations is None:
-        return True
-    if weights.get("type") == "float" and weights.get("num_bits") == 8 and weights.get("strategy") == "block":
+    if weights.type == "float" and weights.num_bits == 8 and weights.strategy == "block":
         import torch
 
-        blocks_fit = list(weights.get("block_structure") or []) == [128, 128]
-        dynamic = bool(activations and activations.get("dynamic"))
+        blocks_fit = weights.block_structure == [128, 128]
+        dynamic = bool(activations and activations.dynamic)
         return blocks_fit and dynamic and torch.cpu._is_amx_tile_supported()
     return False
 
 
-def _describe(group: dict[str, Any]) -> str:
-    weights = group.get("weights") or {}
-    activations = group.get("input_activations") or {}
-    weight = f"{weights.get('type')}{weights.get('num_bits')} {weights.get('strategy')} weights"
-    if not activations:
+def _describe(group: QuantizationGroup) -> str:
+    weights = group.weights or QuantizationArgs()
+    weight = f"{weights.type}{weights.num_bits} {weights.strategy} weights"
+    activations = group.input_activations
+    if activations is None:
         return f"{weight}, bf16 activations"
-    return f"{weight}, {activations.get('type')}{activations.get('num_bits')} {activations.get('strategy')} activations"
+    return f"{weight}, {activations.type}{activations.num_bits} {activations.strategy} activations"
