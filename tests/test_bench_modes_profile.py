@@ -10,7 +10,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from clef_quant.bench.modes import ModeRun, ModesResult, read_result, written_trace
+from clef_quant.bench.modes import ModeRun, ModesResult, read_result
+from clef_quant.bench.modes_profile import written_trace
 from clef_quant.bench.modes_report import render_markdown
 from clef_quant.bench.profile_trace import Breakdown, kernel_breakdown
 from clef_quant.cli import app

@@ -308,6 +308,7 @@ CALIBRATION_COMMANDS = {
     "quantize": ["quantize", "SRC", "--out", "OUT", "--scheme", "nvfp4"],
     "scan": ["scan", "SRC", "--out", "OUT"],
     "bench quantize": ["bench", "quantize", "--model", "M", "--work", "W"],
+    "bench quantize-vs-plain": ["bench", "quantize-vs-plain", "--model", "M", "--work", "W"],
 }
 
 

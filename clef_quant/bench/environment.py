@@ -8,6 +8,11 @@ import platform
 import torch
 
 
+def engine_device() -> torch.device:
+    """Where vLLM's engines run: the GPU when there is one."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def machine_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

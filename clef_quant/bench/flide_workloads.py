@@ -14,6 +14,7 @@ their length beside every latency. The texts are drawn from a fixed seed: the sa
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -175,3 +176,25 @@ def flide_workloads(model: str | Path, seed: int = 0, names: tuple[str, ...] = W
             )
         )
     return workloads
+
+
+def write_jsonl(workloads: list[FlideWorkload], out: Path) -> None:
+    """One line per workload: its body and token counts beside Flide's and SGLang's medians (keys sorted, text
+    unescaped, so two runs' files compare line by line)."""
+    lines = [
+        json.dumps(
+            {
+                "workload": w.name,
+                "input_tokens": w.input_tokens,
+                "state_tokens": w.state_tokens,
+                "flide_ms": w.flide_ms,
+                "sglang_ms": w.sglang_ms,
+                "body": w.body,
+            },
+            ensure_ascii=False,
+            sort_keys=True,
+        )
+        for w in workloads
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")

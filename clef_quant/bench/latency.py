@@ -18,9 +18,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
+from clef_quant.bench.errors import BenchError
 from clef_quant.bench.flide_workloads import FlideWorkload
 from clef_quant.bench.modes import MODES, failure_line, median, percentile, started_engine
+from clef_quant.bench.releases import row_name
+from clef_quant.families import family_of_folder
+from clef_quant.formatting import utc_minute
 from clef_quant.progress import Progress, Stages
+from clef_quant.release_folder.versions import SCORING_TOOLS, tool_versions
 from clef_vllm.format.answers import response_from_logits
 from clef_vllm.format.request import DEFAULT_LIMITS
 
@@ -76,6 +81,41 @@ class LatencyResult(BaseModel):
     max_model_len: int
     engine: dict[str, str]  # engine settings given beyond the defaults (--enforce-eager, --engine-arg)
     releases: list[ReleaseLatency] = []
+
+
+def latency_runs(folders: list[Path], max_model_len: int) -> list[tuple[ReleaseLatency, list[FlideWorkload]]]:
+    """Each release's empty row and its workloads, built from its own tokenizer; refused when the longest workload
+    does not fit `max_model_len`, since its state would be cut and the timing would be of a shorter request."""
+    from clef_quant.bench.flide_workloads import flide_workloads
+
+    runs = []
+    for folder in folders:
+        workloads = flide_workloads(folder)
+        longest = max(workloads, key=lambda w: w.input_tokens)
+        if longest.input_tokens > max_model_len:
+            raise BenchError(
+                f"--max-model-len {max_model_len} is below the {longest.name} workload's {longest.input_tokens} "
+                f"tokens on {folder}; its state would be cut"
+            )
+        family = family_of_folder(folder)
+        model = family.name if family is not None else "unknown"
+        runs.append((ReleaseLatency(release=str(folder), model=model, scheme=row_name(folder)), workloads))
+    return runs
+
+
+def starting_result(command: str, *, repeats: int, max_model_len: int, engine_kwargs: dict[str, Any]) -> LatencyResult:
+    """The empty result of a run, on the machine the engines run on."""
+    from clef_quant.bench.environment import engine_device, machine_name
+
+    return LatencyResult(
+        machine=machine_name(engine_device()),
+        date=utc_minute(),
+        versions=tool_versions(SCORING_TOOLS, source_trees=True),
+        command=command,
+        repeats=repeats,
+        max_model_len=max_model_len,
+        engine={key: repr(value) for key, value in engine_kwargs.items()},
+    )
 
 
 def time_request(engine: Any, body: dict[str, Any]) -> tuple[float, float, int]:

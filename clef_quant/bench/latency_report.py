@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clef_quant.bench import report_paths
 from clef_quant.bench.flide_workloads import MULTIRC_QUESTIONS
 from clef_quant.bench.latency import LatencyResult
 from clef_quant.formatting import facts_table, markdown_table
@@ -71,8 +72,4 @@ def render_markdown(result: LatencyResult) -> str:
 
 def write_report(result: LatencyResult, out: Path) -> list[Path]:
     """The markdown at `out` and the JSON beside it (same stem)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_markdown(result), encoding="utf-8")
-    json_path = out.with_suffix(".json")
-    json_path.write_text(result.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    return [out, json_path]
+    return report_paths.write_report(out, render_markdown(result), result.model_dump_json(indent=2) + "\n")

@@ -294,3 +294,14 @@ def split_section(text: str) -> tuple[str, str | None]:
 
 def join_section(report: str, section: str | None) -> str:
     return report if section is None else report.rstrip("\n") + "\n\n" + section
+
+
+def read_report(out: Path) -> tuple[str, str | None]:
+    """The report already at `out` (empty when there is none) and its long-inputs section: `bench serve` and
+    `bench serve --long-inputs` each rewrite their own part of one report and keep the other's."""
+    return split_section(out.read_text(encoding="utf-8") if out.is_file() else "")
+
+
+def with_section(report: str, section: str) -> str:
+    """`report` with `section` as its long-inputs section; the section alone where there is no report yet."""
+    return join_section(report, section) if report.strip() else section

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from clef_quant.bench import report_paths
 from clef_quant.bench.modes import MODES, ModeRun, ModesResult, median, percentile
 from clef_quant.bench.modes_servers import ServerRun
 from clef_quant.bench.profile_trace import Breakdown
@@ -185,8 +186,4 @@ def _breakdown_section(title: str, b: Breakdown) -> list[str]:
 def write_report(result: ModesResult, out: Path) -> list[Path]:
     from dataclasses import asdict
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_markdown(result), encoding="utf-8")
-    json_path = out.with_suffix(".json")
-    json_path.write_text(json.dumps(asdict(result), indent=2), encoding="utf-8")
-    return [out, json_path]
+    return report_paths.write_report(out, render_markdown(result), json.dumps(asdict(result), indent=2))

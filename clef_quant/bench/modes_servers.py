@@ -48,6 +48,25 @@ def identical_answers(first: list[Any], second: list[Any]) -> tuple[int, int]:
     return sum(a == b for a, b in pairs), len(pairs)
 
 
+def systemone_flags(enforce_eager: bool, engine_arg: list[str]) -> list[str]:
+    """`clef-systemone` flags that start its engine as the offline engines of the run were started."""
+    return [
+        *(["--enforce-eager"] if enforce_eager else []),
+        *(flag for item in engine_arg for flag in ("--engine-arg", item)),
+    ]
+
+
+def native_server_flags(enforce_eager: bool, gpu: bool) -> list[str]:
+    """`vllm serve` flags for the native server: eager as ours when asked, and the GDN prefill backend our engines
+    get on a GPU (vLLM's default there needs FlashInfer)."""
+    from clef_vllm.engine.settings import gpu_defaults
+
+    flags = ["--enforce-eager"] if enforce_eager else []
+    for key, value in (gpu_defaults({}) if gpu else {}).items():
+        flags += [f"--{key.replace('_', '-')}", str(value)]
+    return flags
+
+
 def serve_at_client_counts(
     folder: Path,
     scheme: str,

@@ -10,11 +10,12 @@ mixes compare at equal bytes.
 
 from __future__ import annotations
 
+import json
 import platform
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,18 @@ class QualityBench:
     # "noise floor"), metric, difference (a - b), low, high
     differences: list[dict[str, Any]] = field(default_factory=list)
     interval_settings: dict[str, Any] = field(default_factory=dict)
+
+
+def default_schemes(scan: bool) -> list[str]:
+    """Every scheme of the registry, and auto when a scan can size it."""
+    from clef_quant.quantize.registry import schemes
+
+    return [*schemes().names, *([AUTO_SCHEME] if scan else [])]
+
+
+def result_json(bench: QualityBench) -> str:
+    """The JSON written beside the markdown report."""
+    return json.dumps(asdict(bench), indent=2, default=str) + "\n"
 
 
 def run_quality_bench(

@@ -8,16 +8,16 @@ for the data-free schemes that is the streaming path. For those, two more sides 
 `model_free_ptq` on the backbone's files with the ignore list the streaming path uses (it cannot read a Clef
 folder as it is), and "clef-oneshot" is `clef-quant quantize --no-streaming`.
 
-    clef-quant bench quantize --against-plain --model /scratch/flash --work /scratch/bench --device cuda \\
+    clef-quant bench quantize-vs-plain --model /scratch/flash --work /scratch/bench --device cuda \\
         --scheme fp8-dynamic --scheme nvfp4 --calibration-records 512 --max-seq-len 2048 \\
         --out bench/results/quantize-h200.json
-    clef-quant bench quantize --against-plain --model /scratch/flash --work /scratch/bench --device cpu \
+    clef-quant bench quantize-vs-plain --model /scratch/flash --work /scratch/bench --device cpu \
         --scheme fp8-dynamic --out bench/results/quantize-h200-cpu.json   # the same machine's CPUs only
 
 The JSON results hold every stage's seconds, the peaks, the ratios clef/plain and the goals (clef within 1.3x
 of plain per scheme; FP8_DYNAMIC end to end under 120 s; peak host memory under 1.3x the bf16 size);
-`render_markdown` summarizes them. Each side's process is this module run with one `--child` argument, a JSON
-`SideJob`: an internal entry, not a command.
+`render_markdown` summarizes them and `write_report` writes both. Each side's process is this module run with one
+`--child` argument, a JSON `SideJob`: an internal entry, not a command.
 """
 
 from __future__ import annotations
@@ -316,10 +316,42 @@ def render_markdown(results: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_report(results: dict[str, Any], command: str, out: Path) -> tuple[Path, Path]:
+    """The JSON results and their markdown summary, one stem: `out` names the JSON and the markdown goes beside it.
+    Returns the JSON's path, then the markdown's."""
+    # Imported here: each side's process imports this module, and its peak memory is what is measured.
+    from clef_quant.bench import report_paths
+
+    markdown, json_path = report_paths.write_report(
+        out.with_suffix(".md"), render_markdown(results, command), json.dumps(results, indent=2) + "\n"
+    )
+    return json_path, markdown
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """A few lines per scheme for the terminal: each side's process wall time and peak host memory."""
+    lines = []
+    for name, both in results["schemes"].items():
+        clef, plain = both["clef"], both["plain"]
+        lines.append(
+            f"{name}: clef {clef['process_wall_seconds']:.1f} s, plain {plain['process_wall_seconds']:.1f} s "
+            f"({both['wall_ratio']:.2f}x); peak host clef {binary_size(clef['peak_host_bytes'])}, "
+            f"plain {binary_size(plain['peak_host_bytes'])}"
+        )
+        if "model-free" in both:
+            free, loaded = both["model-free"], both["clef-oneshot"]
+            lines.append(
+                f"  plain model_free_ptq {free['process_wall_seconds']:.1f} s ({both['model_free_ratio']:.2f}x), "
+                f"clef --no-streaming {loaded['process_wall_seconds']:.1f} s; peak host "
+                f"{binary_size(free['peak_host_bytes'])} and {binary_size(loaded['peak_host_bytes'])}"
+            )
+    return lines
+
+
 def _child_main(argv: list[str]) -> None:
     """Measure one `SideJob` in this process and print its numbers as the last line of stdout."""
     if len(argv) != 2 or argv[0] != "--child":
-        raise SystemExit("internal entry of `clef-quant bench quantize --against-plain`; run that command instead")
+        raise SystemExit("internal entry of `clef-quant bench quantize-vs-plain`; run that command instead")
     job = SideJob(**json.loads(argv[1]))
     source, out = Path(job.source), Path(job.out)
     if job.side == "model-free":

@@ -2,7 +2,9 @@
 end on a report it cannot write.
 
 A report is a markdown file and, for most benchmarks, its JSON beside it (same stem, `.json`). `--out` names the
-markdown; an `--out` ending in `.json` would have the JSON written over the markdown, so it is refused.
+markdown; an `--out` ending in `.json` would have the JSON written over the markdown, so it is refused. Without
+`--out` a report goes to bench/results/, named by the benchmark and the kind of device (`default_report`), and
+`write_report` writes the two files.
 """
 
 from __future__ import annotations
@@ -13,6 +15,22 @@ from clef_quant.bench.errors import BenchError
 from clef_quant.release_folder.outputs import check_place
 
 JSON_SUFFIX = ".json"
+
+
+def default_report(bench: str, device: str, suffix: str = ".md") -> Path:
+    """bench/results/BENCH-KIND.md: a report names the kind of device it ran on (cpu, cuda), not which GPU, so its
+    name holds no `:`."""
+    return Path(f"bench/results/{bench}-{device.partition(':')[0]}{suffix}")
+
+
+def write_report(out: Path, markdown: str, json_text: str | None = None) -> list[Path]:
+    """The markdown report at `out` and, when given, its JSON beside it (same stem); the paths written."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(markdown, encoding="utf-8")
+    if json_text is None:
+        return [out]
+    json_beside(out).write_text(json_text, encoding="utf-8")
+    return [out, json_beside(out)]
 
 
 def json_beside(out: Path) -> Path:

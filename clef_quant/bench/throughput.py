@@ -72,6 +72,18 @@ def plugin_side_name(folder: Path) -> str:
     return scheme or folder.name
 
 
+def plugin_sides(reference: Path, quantized: Sequence[Path]) -> list[tuple[str, Path]]:
+    """The plugin's rows: the bf16 reference folder, then each quantized folder named by its scheme."""
+    return [("plugin bf16", reference), *((f"plugin {plugin_side_name(folder)}", folder) for folder in quantized)]
+
+
+def image_workload(count: int) -> list[ClefRequest]:
+    """`count` generated records with one image each (seed 0: every run times the same ones)."""
+    from clef_quant.bench.workload import image_requests
+
+    return [parse_request(body) for body in image_requests(count, seed=0)]
+
+
 def run_throughput(
     reference: Path,
     plugin: Sequence[tuple[str, Path]],

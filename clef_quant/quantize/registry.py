@@ -61,7 +61,7 @@ class Scheme(BaseModel):
     calibration: bool  # needs calibration requests (tests check it against the recipe's modifiers)
     streaming: bool = False  # quantized shard by shard by default (output bit-identical to the loaded model's)
     scan: ScanEntry | None = None  # None: not scannable (a modifier changes more than Linear weights)
-    bench: bool = False  # one of `bench quantize --against-plain`'s default schemes
+    bench: bool = False  # one of `bench quantize-vs-plain`'s default schemes
     card: CardText | None = None  # the words about its one label; schemes sharing a label leave it to one
 
 

@@ -1,0 +1,108 @@
+"""`clef-quant bench latency`: the Flide-shaped workloads one request at a time on each release."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Table
+
+from clef_quant.cli._errors import fail, user_errors
+from clef_quant.cli._options import (
+    EnforceEagerOption,
+    EngineArgOption,
+    check_engines,
+    eager_engine_kwargs,
+    max_model_len_option,
+)
+from clef_quant.cli._output import results_console
+from clef_quant.cli._stderr import VLLM_QUIET, quiet_tools, stage_line
+from clef_quant.cli.bench._common import command_line, report_written, require_release
+
+if TYPE_CHECKING:
+    from clef_quant.bench.latency import LatencyResult
+
+
+@user_errors
+def latency(
+    release: Annotated[
+        list[Path],
+        typer.Option(
+            "--release",
+            metavar="FOLDER",
+            help="A release folder (clef-flash, clef or Clef-Omni; bf16 or quantized), repeatable; each gets its own "
+            "engine, one after another.",
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="Report path (markdown, not .json); its JSON goes beside it, same stem; both rewritten after every "
+            "workload."
+        ),
+    ],
+    repeats: Annotated[int, typer.Option(min=1, help="Timed requests of each workload, after one untimed.")] = 20,
+    max_model_len: Annotated[
+        int, max_model_len_option("The engines' maximum length: at least the longest workload's tokens (quality's).")
+    ] = 12288,
+    enforce_eager: EnforceEagerOption = False,
+    engine_arg: EngineArgOption = None,
+) -> None:
+    """Time the five Flide-shaped workloads of `bench workloads` one request at a time on each release: input and
+    state tokens, p50 and p95 ms, beside the medians Flide and SGLang publish for the 27B on one H200.
+
+    Each release runs in its own engine in the default mode (invariant kernels; on a GPU torch.compile and CUDA
+    graphs unless --enforce-eager). Every workload runs once untimed, then --repeats times one after another, each
+    request timed from its body to its answers. Stopped early (Ctrl-C, SIGTERM), it writes what it measured.
+
+    Example: clef-quant bench latency --release artifacts/tiny --repeats 2 --enforce-eager \\
+        --out artifacts/flide-latency.md
+
+    Example: clef-quant bench latency --release /dev/shm/clef --release /dev/shm/clef-FP8_DYNAMIC \\
+        --out bench/results/flide-latency-h200.md
+    """
+    from clef_quant.bench.latency import latency_runs, run_latency, starting_result
+    from clef_quant.bench.latency_report import write_report
+    from clef_quant.bench.report_paths import check_report_out
+
+    seen: set[Path] = set()
+    for folder in release:
+        require_release(folder, hint=f"clef-quant make-tiny {folder}")
+        if folder.resolve() in seen:
+            raise fail(f"--release {folder} is given twice")
+        seen.add(folder.resolve())
+    engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
+    check_report_out(out)
+    check_engines(release, max_model_len=max_model_len, **engine_kwargs)
+    with stage_line("building the workloads"):
+        runs = latency_runs(release, max_model_len)
+    result = starting_result(command_line(), repeats=repeats, max_model_len=max_model_len, engine_kwargs=engine_kwargs)
+    quiet_tools(False, VLLM_QUIET)
+    # Stopped early (Ctrl-C, or SIGTERM, which user_errors turns into the same), it writes what it measured.
+    with stage_line("benchmarking") as progress, report_written(lambda: write_report(result, out)):
+        run_latency(runs, result, lambda: write_report(result, out), engine_kwargs=engine_kwargs, progress=progress)
+        _print_table(result)
+    failed = [run for run in result.releases if run.error]
+    for run in failed:
+        typer.echo(f"{run.release}: {run.error}", err=True)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _print_table(result: LatencyResult) -> None:
+    table = Table(title=f"one request at a time, {result.machine}")
+    for column in ("release", "workload", "input tokens", "p50 ms", "p95 ms", "Flide ms", "p50 / Flide"):
+        table.add_column(column, justify="left" if column in ("release", "workload") else "right")
+    for run in result.releases:
+        for w in run.workloads:
+            table.add_row(
+                run.release,
+                w.workload,
+                str(w.input_tokens),
+                f"{w.p50_ms:.1f}",
+                f"{w.p95_ms:.1f}",
+                f"{w.flide_ms:.1f}",
+                f"{w.p50_over_flide:.2f}",
+            )
+    results_console().print(table)
