@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from clef_quant.bench.environment import load_average
-from clef_quant.bench.processes import free_port, running, systemone_command
+from clef_quant.bench.processes import free_port, running, server_command
 from clef_quant.formatting import facts_table, markdown_table, utc_minute
 from clef_quant.progress import Progress, Stages
 
@@ -194,13 +194,21 @@ def run_long_inputs_bench(
 
     stage = Stages(progress)
     tokenizer = load_tokenizer(model)
+    from clef_vllm.server.settings import ServeConfig
+
     port = free_port()
-    flags = ["--max-model-len", str(max_model_len), "--enforce-eager", "--max-num-batched-tokens", "65536"]
-    flags += [word for item in engine_arg or [] for word in ("--engine-arg", item)]
+    settings = ServeConfig(
+        model=str(model),
+        port=port,
+        max_model_len=max_model_len,
+        enforce_eager=True,
+        max_num_batched_tokens=65536,
+        engine_arg=tuple(engine_arg or ()),
+    )
     load = load_average()
     with (
         tempfile.TemporaryDirectory() as logs,
-        running(systemone_command(model, port, *flags), port, Path(logs) / "systemone.log"),
+        running(server_command(settings), port, Path(logs) / "systemone.log"),
     ):
         url = f"http://127.0.0.1:{port}"
         small_latencies(url, 5)  # warm-up

@@ -304,7 +304,7 @@ def run_modes(
     server_releases: list[str] | None = None,
     native_releases: list[str] | None = None,
     engine_kwargs: dict[str, Any] | None = None,
-    server_flags: list[str] | None = None,
+    server_settings: dict[str, Any] | None = None,
     native_flags: list[str] | None = None,
     progress: Progress | None = None,
 ) -> ModesResult:
@@ -355,8 +355,8 @@ def run_modes(
             if scheme not in (chosen or []):
                 continue
             stage(f"{server}, {scheme}")
-            flags = (server_flags if server == SYSTEMONE else native_flags) or []
-            result.servers += serve_at_client_counts(folder, scheme, bodies, result.max_model_len, flags, server)
+            how = (server_settings or {}) if server == SYSTEMONE else (native_flags or [])
+            result.servers += serve_at_client_counts(folder, scheme, bodies, result.max_model_len, how, server)
             save()
     stage.done()
     return result

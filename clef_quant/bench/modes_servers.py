@@ -48,17 +48,14 @@ def identical_answers(first: list[Any], second: list[Any]) -> tuple[int, int]:
     return sum(a == b for a, b in pairs), len(pairs)
 
 
-def systemone_flags(enforce_eager: bool, engine_arg: list[str]) -> list[str]:
-    """`clef-systemone` flags that start its engine as the offline engines of the run were started."""
-    return [
-        *(["--enforce-eager"] if enforce_eager else []),
-        *(flag for item in engine_arg for flag in ("--engine-arg", item)),
-    ]
+def systemone_settings(enforce_eager: bool, engine_arg: list[str]) -> dict[str, Any]:
+    """The `clef-systemone` settings that start its engine as the offline engines of the run were started."""
+    return {"enforce_eager": enforce_eager, "engine_arg": tuple(engine_arg)}
 
 
 def native_server_flags(enforce_eager: bool, gpu: bool) -> list[str]:
-    """`vllm serve` flags for the native server: eager as ours when asked, and the GDN prefill backend our engines
-    get on a GPU (vLLM's default there needs FlashInfer)."""
+    """`vllm serve` flags (vLLM's own command line, not ours) for the native server: eager as ours when asked, and
+    the GDN prefill backend our engines get on a GPU (vLLM's default there needs FlashInfer)."""
     from clef_vllm.engine.settings import gpu_defaults
 
     flags = ["--enforce-eager"] if enforce_eager else []
@@ -72,11 +69,12 @@ def serve_at_client_counts(
     scheme: str,
     bodies: list[dict[str, Any]],
     max_model_len: int,
-    flags: list[str],
+    settings: dict[str, Any] | list[str],
     server: str = SYSTEMONE,
 ) -> list[ServerRun]:
     """One server, `clef-systemone` in its default mode or native vLLM with its own defaults; the workload at each
-    client count, answers compared with the one-client run's."""
+    client count, answers compared with the one-client run's. `settings`: `clef-systemone`'s (`ServeConfig`
+    fields, as `systemone_settings` gives them), or `vllm serve`'s flags (`native_server_flags`)."""
     import asyncio
     import tempfile
 
@@ -84,12 +82,17 @@ def serve_at_client_counts(
 
     port = processes.free_port()
     runs: list[ServerRun] = []
-    shared = ("--max-model-len", str(max_model_len), "--language-model-only", *flags)
     if server == NATIVE:  # vLLM answers only for the model name it serves: the one the bodies ask for
         named = ("--served-model-name", str(bodies[0].get("model", "clef")))
+        shared = ("--max-model-len", str(max_model_len), "--language-model-only", *settings)
         command, env = processes.native_vllm_command(folder, port, *shared, *named), processes.native_vllm_env()
     else:
-        command, env = processes.systemone_command(folder, port, *shared), None
+        from clef_vllm.server.settings import ServeConfig
+
+        config = ServeConfig(
+            model=str(folder), port=port, max_model_len=max_model_len, language_model_only=True, **dict(settings)
+        )
+        command, env = processes.server_command(config), None
     with tempfile.TemporaryDirectory() as logs, processes.running(command, port, Path(logs) / "server.log", env):
         url = f"http://127.0.0.1:{port}/v1/systemone"
         baseline: list[Any] | None = None

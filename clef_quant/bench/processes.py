@@ -11,8 +11,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    from clef_vllm.server.settings import ServeConfig
 
 STARTUP_SECONDS = 300
 
@@ -92,12 +96,21 @@ def wait_healthy(process: subprocess.Popen, port: int, log: Path) -> list[int]:
     raise RuntimeError(f"server not healthy after {STARTUP_SECONDS} s:\n{log.read_text()[-4000:]}")
 
 
-def systemone_command(model: Path | str, port: int, *flags: str) -> list[str]:
+def systemone_start() -> list[str]:
     """`clef-systemone` from the running interpreter's environment (its module where the script is not installed,
     as with `pip install --target`)."""
     script = Path(sys.executable).parent / "clef-systemone"
-    start = [str(script)] if script.is_file() else [sys.executable, "-m", "clef_vllm.server.cli"]
-    return [*start, "--model", str(model), "--port", str(port), *flags]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "clef_vllm.server.cli"]
+
+
+def server_command(settings: ServeConfig) -> list[str]:
+    """The `clef-systemone` command that serves with `settings` (its flags written by the settings themselves)."""
+    return [*systemone_start(), *settings.command_line()]
+
+
+def systemone_command(model: Path | str, port: int, *flags: str) -> list[str]:
+    """`clef-systemone` with flags as a user types them (the tests' servers start so)."""
+    return [*systemone_start(), "--model", str(model), "--port", str(port), *flags]
 
 
 def native_vllm_command(model: Path | str, port: int, *flags: str) -> list[str]:

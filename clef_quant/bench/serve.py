@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from clef_quant.bench.clients import ClientTally, post_counted
-from clef_quant.bench.processes import free_port, running, systemone_command
+from clef_quant.bench.processes import free_port, running, server_command
 from clef_quant.bench.workload import varied_requests
 from clef_quant.formatting import facts_table, markdown_table, utc_minute
 from clef_quant.progress import Progress, Stages
@@ -123,12 +123,15 @@ async def _clients(
 
 
 def _server(
-    model: Path, bodies: list[dict[str, Any]], clients: int, engine_flags: list[str], compress_above: int | None
+    model: Path, bodies: list[dict[str, Any]], clients: int, settings: dict[str, Any], compress_above: int | None
 ) -> tuple[float, ClientTally]:
+    from clef_vllm.server.settings import ServeConfig
+
     port = free_port()
+    command = server_command(ServeConfig(model=str(model), port=port, **settings))
     with (
         tempfile.TemporaryDirectory() as logs,
-        running(systemone_command(model, port, *engine_flags), port, Path(logs) / "systemone.log"),
+        running(command, port, Path(logs) / "systemone.log"),
     ):
         return asyncio.run(_clients(f"http://127.0.0.1:{port}", bodies, clients, compress_above))
 
@@ -174,10 +177,10 @@ def run_serve_bench(
     if compress_above is not None:
         result.compressed_requests = sum(len(json.dumps(b).encode()) > compress_above for b in bodies)
     engine_kwargs: dict[str, Any] = {"max_model_len": max_model_len, **engine_overrides(engine_arg)}
-    flags = ["--max-model-len", str(max_model_len), *(flag for item in engine_arg for flag in ("--engine-arg", item))]
+    settings: dict[str, Any] = {"max_model_len": max_model_len, "engine_arg": tuple(engine_arg)}
     if device == "cpu":
         engine_kwargs["enforce_eager"] = True
-        flags.append("--enforce-eager")
+        settings["enforce_eager"] = True
         own_size = engine_kwargs.get("kv_cache_memory_bytes")
         apply_cpu_defaults(own_size)  # the server process inherits it
         # An engine's own size wins over the variable (`clef_vllm.engine.settings.own_kv_cache`): say the one in use.
@@ -188,7 +191,7 @@ def run_serve_bench(
         )
         result.notes.append(f"KV cache {kv_cache}, enforce_eager")
     batched_kwargs = {**engine_kwargs, "batch_invariant": False, "max_num_batched_tokens": max_num_batched_tokens}
-    batched_flags = [*flags, "--no-batch-invariant", "--max-num-batched-tokens", str(max_num_batched_tokens)]
+    batched_settings = {**settings, "batch_invariant": False, "max_num_batched_tokens": max_num_batched_tokens}
     result.notes.append(
         f"batched: vLLM's default max_num_seqs, max_num_batched_tokens={max_num_batched_tokens}; "
         "invariant (the default): one whole prompt per engine step"
@@ -197,11 +200,11 @@ def run_serve_bench(
     stage("offline engine")
     result.offline_records_s = _offline(model, bodies, engine_kwargs)
     stage(f"clef-systemone, {clients} clients")
-    result.server_requests_s, tally = _server(model, bodies, clients, flags, compress_above)
+    result.server_requests_s, tally = _server(model, bodies, clients, settings, compress_above)
     stage("offline engine, batched")
     result.offline_batched_records_s = _offline(model, bodies, batched_kwargs)
     stage(f"clef-systemone, batched, {clients} clients")
-    result.server_batched_requests_s, batched = _server(model, bodies, clients, batched_flags, compress_above)
+    result.server_batched_requests_s, batched = _server(model, bodies, clients, batched_settings, compress_above)
     result.server_errors = tally.errors + batched.errors
     result.server_first_error = tally.first_error or batched.first_error
     stage("transformers reference")

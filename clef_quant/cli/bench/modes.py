@@ -104,7 +104,7 @@ def modes(
     from clef_quant.bench.modes import run_modes
     from clef_quant.bench.modes_options import appended, check_served, profiled_pairs, read_releases, starting_result
     from clef_quant.bench.modes_report import server_failures, write_report
-    from clef_quant.bench.modes_servers import native_server_flags, systemone_flags
+    from clef_quant.bench.modes_servers import native_server_flags, systemone_settings
     from clef_quant.bench.report_paths import check_report_out, default_report, json_beside
 
     releases = read_releases(release, mode)
@@ -141,7 +141,7 @@ def modes(
             server_releases=serve,
             native_releases=serve_native,
             engine_kwargs=engine_kwargs,
-            server_flags=systemone_flags(enforce_eager, engine_arg or []),
+            server_settings=systemone_settings(enforce_eager, engine_arg or []),
             native_flags=native_server_flags(enforce_eager, device.type == "cuda"),
             progress=progress,
         )
