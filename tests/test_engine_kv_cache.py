@@ -100,7 +100,7 @@ def test_eval_records_the_size_its_engines_used_and_the_card_repeats_the_engine_
     assert used["reference"] == {}  # transformers: no engine
 
     results = read_results(out)
-    command = _evaluate(EvalResults(out, results, "", results.candidates[0]), out)
+    command = _evaluate(EvalResults(out, results, results.candidates[0]), out)
     assert command.endswith(" ".join(f"--engine-arg {arg}" for arg in sorted(engine_args)))
     assert "--enforce-eager" in command.split()
 

@@ -372,11 +372,11 @@ def test_load_results_names_what_is_missing(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_reference_against_itself_gives_full_agreement_and_zero_kl(first_run: Any) -> None:
     run, _ = first_run
-    reference = run.results["values"][run.sides[0].key]
+    reference = run.results.values[run.sides[0].key]
     for task, values in reference.items():
         assert values["agreement"] == 1.0 and values["kl"] == 0.0, task
         assert values["tv"] == 0.0 and values["max_dp"] == 0.0, task
-    noise_floor = run.results["values"][run.sides[1].key][ALL]
+    noise_floor = run.results.values[run.sides[1].key][ALL]
     assert 0.0 < noise_floor["kl"] < 0.01  # the engine differs from transformers, but only a little
 
 
@@ -386,7 +386,7 @@ def test_second_run_reuses_every_stored_probability(first_run: Any, eval_config:
     again = run_eval(eval_config, engines=engines)
     assert again.scored == 0 and again.reused == 4 * 7 * PER_TASK
     assert engines.opened == []  # nothing to score: no engine is even asked for
-    assert again.results["values"] == first_run[0].results["values"]
+    assert again.results.values == first_run[0].results.values
 
 
 BAD_LINES = [  # (the line, what follows FILE:2 in the refusal)

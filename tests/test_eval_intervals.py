@@ -13,7 +13,7 @@ from clef_quant.bootstrap import covers_zero
 from clef_quant.evaluation.comparison import INTERVAL_METRICS, MIN_RECORDS, paired_intervals, t_quantile
 from clef_quant.evaluation.frames import differences_frame, intervals_frame, load_intervals
 from clef_quant.evaluation.report import interval_section, render_markdown
-from clef_quant.evaluation.results import ALL, RESULTS_FORMAT, Results, ResultsFile, metric_entries, read_results
+from clef_quant.evaluation.results import ALL, RESULTS_FORMAT, ResultsFile, metric_entries, read_results
 from clef_quant.evaluation.tables import INDISTINGUISHABLE
 
 OPTIONS = 4
@@ -137,7 +137,7 @@ def test_t_quantiles_match_the_tables() -> None:
 
 @pytest.mark.parametrize("records", [1, MIN_RECORDS - 1])
 def test_below_the_minimum_of_records_nothing_is_decided(records: int) -> None:
-    results = Results.from_dict(json.loads(json.dumps(results_with_intervals(records))))
+    results = ResultsFile.model_validate(json.loads(json.dumps(results_with_intervals(records))))
     assert results.intervals.min_records == MIN_RECORDS
     candidate = results.candidates[0]
     assert results.bound(candidate, ALL, "kl") is None and results.at_floor(candidate) is None
@@ -156,7 +156,7 @@ def test_below_the_minimum_of_records_nothing_is_decided(records: int) -> None:
 
     from clef_quant.publish.results import EvalResults
 
-    card = EvalResults(Path("results"), results, "", candidate)  # what the model card shows of the same file
+    card = EvalResults(Path("results"), results, candidate)  # what the model card shows of the same file
     assert card.undecided == why and why in card.floor_verdict
     assert "closer to bf16" not in card.differences_table and why in card.differences_table
 
@@ -195,7 +195,7 @@ def results_with_intervals(records: int = 60) -> dict[str, Any]:
 
 def test_results_md_says_which_differences_are_indistinguishable(tmp_path: Path) -> None:
     raw = results_with_intervals()
-    results = Results.from_dict(json.loads(json.dumps(raw)))
+    results = ResultsFile.model_validate(json.loads(json.dumps(raw)))
     differences = differences_frame(results)
     by_pair = differences[(differences["task"] == ALL) & (differences["metric"] == "kl")].set_index(["a", "b"])
     assert by_pair.at[("noise floor", "tiny-A"), "distinguishable"]

@@ -65,9 +65,9 @@ def test_eval_reports_the_image_task(
     run = run_eval(config, engines=SharedEngines(clef_engine, config.max_model_len))
     write_results(run.results, config.out)
     assert run.scored == 3 * PER_TASK  # reference, noise floor, candidate
-    reference = run.results["values"][run.sides[0].key][TASK]
+    reference = run.results.values[run.sides[0].key][TASK]
     assert reference["agreement"] == 1.0 and reference["kl"] == 0.0
     for side in run.sides[1:]:
-        values = run.results["values"][side.key][TASK]
+        values = run.results.values[side.key][TASK]
         assert 0.0 <= values["agreement"] <= 1.0 and values["kl"] >= 0.0
     assert "ScienceQA with images" in (config.out / "results.md").read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -43,16 +44,20 @@ def test_results_of_an_early_run_still_read(tmp_path: Path) -> None:
     results = read_results(write(tmp_path, early_results()))
     reference, candidate = results.sides
     assert results.reference == reference and results.candidates == [candidate]
-    assert (candidate.sha256, candidate.hash_from, candidate.scheme) == (SHA, "manifest", "fp8-dynamic")
-    assert (reference.runner, reference.settings, reference.records_scored, reference.sha256) == ("", {}, 0, "")
-    assert [(t.name, t.title, t.records, t.questions) for t in results.tasks] == [
+    hashed = candidate.model_hash
+    assert (hashed.sha256, hashed.from_, hashed.scheme) == (SHA, "manifest", "fp8-dynamic")
+    assert (reference.runner, reference.settings, reference.records_scored) == ("", {}, 0)
+    assert reference.model_hash.sha256 == "" and results.reference.producer() == {"model": "", "settings": {}}
+    assert [(t.name, t.label, t.records, t.questions) for t in results.task_rows] == [
         ("mmlu", "mmlu", 4, 6),
         (ALL, ALL, 4, 6),
     ]
     assert results.value(candidate, "mmlu", "accuracy") == 0.5 and math.isnan(results.value(candidate, "mmlu", "kl"))
-    summary = results.data_summary  # an early summary: what it lacks reads as None, never as a guess
+    summary = results.data.summary  # an early summary: what it lacks reads as None, never as a guess
     assert (summary.source, summary.seed, summary.counts.eval_records, summary.tasks) == ("fixtures", None, None, {})
-    assert summary.title("mmlu") == "mmlu" and results.file.config.batch_size is None
+    assert summary.title("mmlu") == "mmlu" and results.config.batch_size is None
+    path = tmp_path / "results.json"
+    assert results.file_sha256 == hashlib.sha256(path.read_bytes()).hexdigest()  # of the bytes read, as the card cites
 
 
 def test_results_are_written_back_as_read(tmp_path: Path) -> None:

@@ -174,7 +174,7 @@ def _evaluate(source: Path, rows: list[SchemeRow], data: Path, out: Path, max_mo
     from clef_quant.evaluation.config import EvalConfig
     from clef_quant.evaluation.data import read_eval_data
     from clef_quant.evaluation.engines import FreshEngines
-    from clef_quant.evaluation.results import ALL, ResultsFile
+    from clef_quant.evaluation.results import ALL
     from clef_quant.evaluation.runner import run_eval
 
     shutil.rmtree(out, ignore_errors=True)
@@ -189,7 +189,7 @@ def _evaluate(source: Path, rows: list[SchemeRow], data: Path, out: Path, max_mo
     run = run_eval(
         config, engines=FreshEngines.from_keywords(max_model_len=max_model_len, enforce_eager=True), data=records
     )
-    results = ResultsFile.model_validate(run.results)
+    results = run.results
     values = results.values
     by_folder = {side.folder: side for side in results.sides if side.role == "candidate"}
     names: dict[str, str] = {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,6 +25,9 @@ from clef_quant.cli._options import (
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import TRANSFORMERS_QUIET, VLLM_QUIET, RichProgress, quiet_tools, stage_line
 from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
+
+if TYPE_CHECKING:
+    from clef_quant.evaluation.results import ResultsFile
 
 
 def _quiet(verbose: bool) -> None:
@@ -192,7 +195,7 @@ def evaluate(
     typer.echo("wrote " + ", ".join(str(p) for p in paths))
 
 
-def _print_summary(console: Console, results: dict[str, Any]) -> None:
+def _print_summary(console: Console, results: ResultsFile) -> None:
     from clef_quant.evaluation.metrics import METRICS, format_value
     from clef_quant.evaluation.results import ALL
 
@@ -200,12 +203,10 @@ def _print_summary(console: Console, results: dict[str, Any]) -> None:
     table.add_column("side")
     for metric in METRICS:
         table.add_column(metric.title, justify="right")
-    for side in results["sides"]:
-        values = results["values"][side["key"]][ALL]
+    for side in results.sides:
         cells = []
         for metric in METRICS:
-            value = values[metric.name]
-            shown = side["role"] != "reference" or not metric.compares
-            cells.append(format_value(metric, float("nan") if value is None else value) if shown else "—")
-        table.add_row(side["name"], *cells)
+            shown = side.role != "reference" or not metric.compares
+            cells.append(format_value(metric, results.value(side, ALL, metric.name)) if shown else "—")
+        table.add_row(side.name, *cells)
     console.print(table)

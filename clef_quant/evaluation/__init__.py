@@ -6,9 +6,9 @@ Hub or a local Parquet copy), `sampling` (records drawn from the splits), `build
 eval: `config` (what a run compares), `sides` (reference, noise floor, candidates), `engines` (the plugin's
 engines), `scoring` (probabilities through transformers or the plugin), `store` (per-record probabilities kept
 between runs, and their one parser), `metrics` (the one metric registry), `comparison` (sides against the
-reference), `runner` (the run itself), `results` (results.json: the dict written and the typed `Results` read),
-`frames` (the results as pandas DataFrames), `tables` (markdown tables from them), `report` (results.json / .csv
-/ .md).
+reference), `runner` (the run itself), `results` (results.json's one typed form, `ResultsFile`: built by the runner,
+written by the report, read by every reader), `frames` (the results as pandas DataFrames), `tables` (markdown
+tables from them), `report` (results.json / .csv / .md).
 
 `load_results(path)` reads an eval output back as DataFrames, `load_intervals(path)` its 95% intervals; see
 `frames` for the columns.

@@ -1,7 +1,7 @@
 """An eval output as pandas DataFrames: every metric per side and task, and every stored record's probabilities.
 
-The report's tables, results.csv and the model card are all rendered from these frames (or from the typed
-`Results` they are built from), so what a reader loads is what the report shows.
+The report's tables, results.csv and the model card are all rendered from these frames (or from the
+`ResultsFile` they are built from), so what a reader loads is what the report shows.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from clef_quant.evaluation.errors import DataError
-from clef_quant.evaluation.results import Results, ResultSide, read_results, results_json_path
+from clef_quant.evaluation.results import ResultsFile, SideEntry, read_results, results_json_path
 from clef_quant.evaluation.store import read_store
 
 if TYPE_CHECKING:
@@ -23,26 +23,26 @@ TASK_COLUMNS = ("task", "title", "records", "questions")
 RECORD_COLUMNS = ("id", "task", "tokens", "seconds", "questions", "probs")
 
 
-def metric_names(results: Results) -> list[str]:
+def metric_names(results: ResultsFile) -> list[str]:
     """The metrics results.json lists, in its order (the columns after the side and task columns)."""
     return [m.name for m in results.metrics]
 
 
-def values_frame(results: Results) -> pd.DataFrame:
+def values_frame(results: ResultsFile) -> pd.DataFrame:
     """One row per side and task (the tasks, then All), side order first; a metric without a value is NaN."""
     import pandas as pd
 
     metrics = metric_names(results)
     rows = []
     for side in results.sides:
-        for task in results.tasks:
+        for task in results.task_rows:
             row = {
                 "side": side.name,
                 "side_key": side.key,
                 "role": side.role,
                 "folder": side.folder,
                 "task": task.name,
-                "title": task.title,
+                "title": task.label,
                 "records": task.records,
                 "questions": task.questions,
             }
@@ -55,7 +55,7 @@ INTERVAL_COLUMNS = ("side", "side_key", "role", "task", "metric", "value", "low"
 DIFFERENCE_COLUMNS = ("a", "b", "a_key", "b_key", "task", "metric", "difference", "low", "high", "distinguishable")
 
 
-def intervals_frame(results: Results) -> pd.DataFrame:
+def intervals_frame(results: ResultsFile) -> pd.DataFrame:
     """One row per side, task (then All) and metric that has an interval: `value`, and `low`, `high` of its 95%
     interval (results.json's `intervals` says how they were drawn). Empty for results.json written before them."""
     import pandas as pd
@@ -73,7 +73,7 @@ def intervals_frame(results: Results) -> pd.DataFrame:
             "high": bound[1],
         }
         for side in results.sides
-        for task in results.tasks
+        for task in results.task_rows
         for metric in names
         if (bound := results.bound(side, task.name, metric)) is not None
     ]
@@ -81,7 +81,7 @@ def intervals_frame(results: Results) -> pd.DataFrame:
     return frame.astype({c: "float64" for c in ("value", "low", "high")})
 
 
-def differences_frame(results: Results) -> pd.DataFrame:
+def differences_frame(results: ResultsFile) -> pd.DataFrame:
     """One row per pair of plugin sides (noise floor and candidates), task (then All) and metric: `difference` is
     `a` minus `b`, measured on the same records; `distinguishable` is False when its interval covers 0, None without
     an interval (too few records). Empty for results.json written before intervals."""
@@ -101,13 +101,13 @@ def differences_frame(results: Results) -> pd.DataFrame:
             "high": math.nan if d.high is None else d.high,
             "distinguishable": d.distinguishable,
         }
-        for d in results.file.differences
+        for d in results.differences
     ]
     frame = pd.DataFrame(rows, columns=list(DIFFERENCE_COLUMNS))
     return frame.astype({c: "float64" for c in ("difference", "low", "high")})
 
 
-def probabilities_frame(results: Results, folder: Path, sides: Sequence[ResultSide] | None = None) -> pd.DataFrame:
+def probabilities_frame(results: ResultsFile, folder: Path, sides: Sequence[SideEntry] | None = None) -> pd.DataFrame:
     """One row per side and stored record, read from RESULTS/probs/ and verified as the runner verifies it.
 
     A store also keeps records of earlier runs over other data (it is keyed by encoding); for each record id the

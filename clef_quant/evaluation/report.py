@@ -1,17 +1,18 @@
 """results.json (everything), results.csv (every metric, one row per side and task) and results.md (for reading).
 
-results.csv and results.md are rendered from results.json's typed form and its values frame, the same ones
-`load_results` returns and the model card reads, so no file can disagree with another.
+results.json is the run's `ResultsFile` serialized; results.csv and results.md are rendered from the same model
+and its values frame, the ones `load_results` returns and the model card reads, so no file can disagree with
+another.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from clef_quant.evaluation.frames import differences_frame, intervals_frame, metric_names, values_frame
 from clef_quant.evaluation.metrics import QUALITY_METRICS, SPEED_METRICS, Metric
-from clef_quant.evaluation.results import ALL, RESULTS_JSON, Results
+from clef_quant.evaluation.results import ALL, RESULTS_JSON, ResultsFile
 from clef_quant.evaluation.tables import (
     ARROWS,
     differences_table,
@@ -49,25 +50,24 @@ METRIC_GROUPS = (
 )
 
 
-def write_results(results: dict[str, Any], out: Path) -> list[Path]:
+def write_results(results: ResultsFile, out: Path) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    typed = Results.from_dict(results)
-    frame = values_frame(typed)
+    frame = values_frame(results)
     paths = [out / RESULTS_JSON, out / RESULTS_CSV, out / RESULTS_MD]
-    write_json_atomic(paths[0], results)
-    write_text_atomic(paths[1], render_csv(typed, frame))
-    write_text_atomic(paths[2], render_markdown(typed, frame))
+    write_json_atomic(paths[0], results.to_json())
+    write_text_atomic(paths[1], render_csv(results, frame))
+    write_text_atomic(paths[2], render_markdown(results, frame))
     return paths
 
 
-def render_csv(results: Results, frame: pd.DataFrame) -> str:
+def render_csv(results: ResultsFile, frame: pd.DataFrame) -> str:
     """Every metric of every side and task (and All); six significant digits, empty where there is no value."""
     columns = [*CSV_COLUMNS, *metric_names(results)]
     return frame[columns].to_csv(index=False, float_format="%.6g", na_rep="", lineterminator="\n")
 
 
-def _metric_section(results: Results, frame: pd.DataFrame, metric: Metric) -> list[str]:
+def _metric_section(results: ResultsFile, frame: pd.DataFrame, metric: Metric) -> list[str]:
     # A speed's aggregation (records / seconds) only repeats its description; a quality's (mean, max) does not.
     how = f" ({metric.aggregation})" if metric.level == "question" else ""
     return [
@@ -80,7 +80,7 @@ def _metric_section(results: Results, frame: pd.DataFrame, metric: Metric) -> li
     ]
 
 
-def interval_section(results: Results) -> list[str]:
+def interval_section(results: ResultsFile) -> list[str]:
     """All's values with their 95% intervals, each candidate against the noise floor, and every pair's difference."""
     settings = results.intervals
     if settings is None:
@@ -115,20 +115,19 @@ def _known(value: object) -> str:
     return "?" if value is None else str(value)
 
 
-def render_markdown(results: Results, frame: pd.DataFrame) -> str:
-    written = results.file
-    summary = results.data_summary
+def render_markdown(results: ResultsFile, frame: pd.DataFrame) -> str:
+    summary = results.data.summary
     counts = summary.counts
-    tasks = results.tasks[:-1]  # without All
+    tasks = results.tasks
     smallest = min((t.records for t in tasks), default=0)
-    tools = ", ".join(f"{name} {version}" for name, version in written.tools.items() if version)
+    tools = ", ".join(f"{name} {version}" for name, version in results.tools.items() if version)
     lines = [
         "# Evaluation against the bf16 reference",
         "",
-        f"{written.created}. DATA `{written.data.folder}`: {_known(counts.eval_records)} records, "
+        f"{results.created}. DATA `{results.data.folder}`: {_known(counts.eval_records)} records, "
         f"{_known(counts.eval_questions)} questions from {len(tasks)} tasks "
         f"(source {_known(summary.source)}, seed {_known(summary.seed)}). "
-        f"Maximum length {written.config.max_model_len} tokens. Tools: {tools}. "
+        f"Maximum length {results.config.max_model_len} tokens. Tools: {tools}. "
         f"Every number is also in `{RESULTS_CSV}` (one row per side and task).",
         "",
         sides_table(results),

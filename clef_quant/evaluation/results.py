@@ -1,5 +1,6 @@
-"""results.json of an evaluation run: its one shape (`ResultsFile`), which the runner fills (`results_dict`) and
-every reader validates, and the view readers use (`Results`: the eval report, `load_results` and the model card).
+"""results.json of an evaluation run in its one typed form, `ResultsFile`: the runner builds it (`build_results`),
+the report writes it (`to_json`, the only serialization), and every reader (the eval report, `load_results`, the
+model card, `bench quantize`) reads and navigates it, from memory or through `read_results`.
 
 results.json holds config, data, tasks, metrics, sides, `values[side key][task or All][metric]` and the intervals:
 `intervals` (how drawn), `bounds[side key][task or All][metric]` (low, high), `differences` (every pair of plugin
@@ -11,11 +12,11 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from clef_quant.bootstrap import covers_zero
 from clef_quant.documents import read_document, validated
@@ -61,9 +62,14 @@ class TaskEntry(BaseModel):
     model_config = _SECTION
 
     name: str
-    title: str | None = None  # the name, in files that have none
+    title: str | None = None  # absent from files of the first runs: `label` falls back to the name
     records: int
     questions: int
+
+    @property
+    def label(self) -> str:
+        """The title readers show: the name, in files that have no title."""
+        return self.title or self.name
 
 
 class MetricEntry(BaseModel):
@@ -104,6 +110,14 @@ class SideEntry(BaseModel):
     probabilities: str = ""  # RESULTS-relative path of the side's probability store
     engine: dict[str, Any] = {}  # what its engine ran with, read from the started engine (kv_cache_memory_bytes)
 
+    @property
+    def is_candidate(self) -> bool:
+        return self.role == "candidate"
+
+    def producer(self) -> dict[str, Any]:
+        """What produced the side's stored lines, as `sides.Side.producer` hashed it: lets a reader verify them."""
+        return {"model": self.model_hash.sha256, "settings": self.settings}
+
 
 class IntervalSettings(BaseModel):
     model_config = _SECTION
@@ -138,7 +152,7 @@ class DifferenceEntry(BaseModel):
 
 
 class ResultsFile(BaseModel):
-    """results.json, as written and as read."""
+    """results.json, as built, written and read; its methods are what readers look up in it."""
 
     model_config = _SECTION
 
@@ -155,8 +169,59 @@ class ResultsFile(BaseModel):
     bounds: dict[str, dict[str, dict[str, list[float | None]]]] = {}
     differences: list[DifferenceEntry] = []
 
+    # Not a field: the bytes it was parsed from are the file's, and the card cites them, not a re-serialization.
+    _read_sha256: str | None = PrivateAttr(default=None)
+
     def to_json(self) -> dict[str, Any]:
+        """The JSON document: only the fields that were set (a file read back keeps the keys it had), aliases
+        (`from`) as written."""
         return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+    @property
+    def file_sha256(self) -> str | None:
+        """sha256 of the bytes `read_results` parsed; None for results built in memory."""
+        return self._read_sha256
+
+    @property
+    def reference(self) -> SideEntry | None:
+        return next((s for s in self.sides if s.role == "reference"), None)
+
+    @property
+    def noise_floor(self) -> SideEntry | None:
+        return next((s for s in self.sides if s.role == "noise-floor"), None)
+
+    @property
+    def candidates(self) -> list[SideEntry]:
+        return [s for s in self.sides if s.is_candidate]
+
+    @property
+    def task_rows(self) -> list[TaskEntry]:
+        """The tasks in file order, then the All row (its counts summed over the tasks): the rows of every table."""
+        records, questions = sum(t.records for t in self.tasks), sum(t.questions for t in self.tasks)
+        return [*self.tasks, TaskEntry(name=ALL, title=ALL, records=records, questions=questions)]
+
+    def value(self, side: SideEntry, task: str, metric: str) -> float:
+        """One number; NaN where results.json has none (null: nothing to average, or not measured)."""
+        found = self.values.get(side.key, {}).get(task, {}).get(metric)
+        return math.nan if found is None else float(found)
+
+    def bound(self, side: SideEntry, task: str, metric: str) -> tuple[float, float] | None:
+        """(low, high) of one value's interval; None where results.json has none."""
+        found = self.bounds.get(side.key, {}).get(task, {}).get(metric)
+        if not found or any(x is None for x in found):
+            return None
+        return float(found[0]), float(found[1])  # type: ignore[arg-type]
+
+    def at_floor(self, side: SideEntry, task: str = ALL) -> bool | None:
+        """Whether `side`'s agreement interval overlaps the noise floor's (it cannot be told from the engine's own
+        noise); None without a noise floor or intervals."""
+        floor = self.noise_floor
+        if floor is None:
+            return None
+        own, theirs = self.bound(side, task, "agreement"), self.bound(floor, task, "agreement")
+        if own is None or theirs is None:
+            return None
+        return own[0] <= theirs[1] and theirs[0] <= own[1]
 
 
 def metric_entries() -> list[MetricEntry]:
@@ -175,14 +240,14 @@ def metric_entries() -> list[MetricEntry]:
     ]
 
 
-def results_dict(
+def build_results(
     config: EvalConfig,
     data: EvalData,
     sides: Sequence[Side],
     engine_settings: dict[str, Any],
     values: dict[str, dict[str, dict[str, float]]],
     uncertainty: Uncertainty | None = None,
-) -> dict[str, Any]:
+) -> ResultsFile:
     """Everything results.json holds; `values` is `comparison.compare` of the same sides, `uncertainty` their
     intervals (`comparison.intervals`)."""
     tasks = [
@@ -241,7 +306,7 @@ def results_dict(
             for key, per in uncertainty.bounds.items()
         }
         written.differences = uncertainty.differences
-    return written.to_json()
+    return written
 
 
 @dataclass(frozen=True)
@@ -257,134 +322,14 @@ def _json_number(value: float) -> float | None:
     return None if value is None or math.isnan(value) else value
 
 
-@dataclass(frozen=True)
-class ResultSide:
-    """One side as results.json lists it."""
-
-    key: str
-    name: str
-    role: str  # "reference", "noise-floor" or "candidate"
-    runner: str
-    folder: str
-    sha256: str  # the model fingerprint (see store.folder_fingerprint)
-    hash_from: str  # "manifest" or "files"
-    scheme: str | None
-    settings: dict[str, Any]
-    records_scored: int
-    records_reused: int
-    probabilities: str  # RESULTS-relative path of the side's probability store
-
-    @property
-    def is_candidate(self) -> bool:
-        return self.role == "candidate"
-
-    def producer(self) -> dict[str, Any]:
-        """What produced the side's stored lines, as `sides.Side.producer` hashed it: lets a reader verify them."""
-        return {"model": self.sha256, "settings": self.settings}
-
-
-@dataclass(frozen=True)
-class ResultTask:
-    name: str
-    title: str
-    records: int
-    questions: int
-
-
-@dataclass(frozen=True)
-class Results:
-    """results.json, typed. `tasks` ends with the All row (its counts summed over the tasks)."""
-
-    raw: dict[str, Any]  # the file as read; the card hashes and quotes it
-    file: ResultsFile  # the same, typed
-    sides: tuple[ResultSide, ...]
-    tasks: tuple[ResultTask, ...]
-    metrics: tuple[MetricEntry, ...]
-    values: dict[str, dict[str, dict[str, float | None]]]
-    file_sha256: str | None = None  # of the bytes parsed, when read from a file (the card cites it)
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> Results:
-        if raw.get("format") != RESULTS_FORMAT:
-            raise DataError(f"results have format {raw.get('format')!r}; clef-quant reads {RESULTS_FORMAT}")
-        read = validated(ResultsFile, raw, error=DataError, prefix="not results of clef-quant eval")
-        sides = tuple(
-            ResultSide(
-                key=s.key,
-                name=s.name,
-                role=s.role,
-                runner=s.runner,
-                folder=s.folder,
-                sha256=s.model_hash.sha256,
-                hash_from=s.model_hash.from_,
-                scheme=s.model_hash.scheme,
-                settings=s.settings,
-                records_scored=s.records_scored,
-                records_reused=s.records_reused,
-                probabilities=s.probabilities,
-            )
-            for s in read.sides
-        )
-        tasks = [ResultTask(t.name, t.title or t.name, t.records, t.questions) for t in read.tasks]
-        every = ResultTask(ALL, ALL, sum(t.records for t in tasks), sum(t.questions for t in tasks))
-        return cls(raw, read, sides, (*tasks, every), tuple(read.metrics), read.values)
-
-    @property
-    def reference(self) -> ResultSide | None:
-        return next((s for s in self.sides if s.role == "reference"), None)
-
-    @property
-    def noise_floor(self) -> ResultSide | None:
-        return next((s for s in self.sides if s.role == "noise-floor"), None)
-
-    @property
-    def candidates(self) -> list[ResultSide]:
-        return [s for s in self.sides if s.is_candidate]
-
-    @property
-    def data_summary(self) -> DataSummary:
-        return self.file.data.summary
-
-    def value(self, side: ResultSide, task: str, metric: str) -> float:
-        """One number; NaN where results.json has none (null: nothing to average, or not measured)."""
-        found = self.values.get(side.key, {}).get(task, {}).get(metric)
-        return math.nan if found is None else float(found)
-
-    @property
-    def intervals(self) -> IntervalSettings | None:
-        """How the intervals were drawn; None for results.json written before intervals."""
-        return self.file.intervals
-
-    def bound(self, side: ResultSide, task: str, metric: str) -> tuple[float, float] | None:
-        """(low, high) of one value's interval; None where results.json has none."""
-        found = self.file.bounds.get(side.key, {}).get(task, {}).get(metric)
-        if not found or any(x is None for x in found):
-            return None
-        return float(found[0]), float(found[1])  # type: ignore[arg-type]
-
-    def differences(self, task: str = ALL) -> list[DifferenceEntry]:
-        return [d for d in self.file.differences if d.task == task]
-
-    def at_floor(self, side: ResultSide, task: str = ALL) -> bool | None:
-        """Whether `side`'s agreement interval overlaps the noise floor's (it cannot be told from the engine's own
-        noise); None without a noise floor or intervals."""
-        floor = self.noise_floor
-        if floor is None:
-            return None
-        own, theirs = self.bound(side, task, "agreement"), self.bound(floor, task, "agreement")
-        if own is None or theirs is None:
-            return None
-        return own[0] <= theirs[1] and theirs[0] <= own[1]
-
-
 def results_json_path(path: Path) -> Path:
     """results.json of an eval output: `path` itself, or the file inside the RESULTS folder `path`."""
     path = Path(path)
     return path / RESULTS_JSON if path.is_dir() else path
 
 
-def read_results(path: Path) -> Results:
-    """The typed results of an eval output folder or of its results.json."""
+def read_results(path: Path) -> ResultsFile:
+    """The results of an eval output folder or of its results.json, with the sha256 of the bytes read."""
     file = results_json_path(path)
     if not file.is_file():
         raise DataError(f"{file} is missing: give the RESULTS folder of clef-quant eval or its results.json")
@@ -392,8 +337,6 @@ def read_results(path: Path) -> Results:
     if not isinstance(raw, dict) or raw.get("format") != RESULTS_FORMAT:
         found = raw.get("format") if isinstance(raw, dict) else None
         raise DataError(f"{file} has format {found!r}; clef-quant reads {RESULTS_FORMAT}")
-    try:
-        results = Results.from_dict(raw)
-    except DataError as exc:
-        raise DataError(f"{file}: {exc}") from None
-    return replace(results, file_sha256=hashlib.sha256(data).hexdigest())
+    results = validated(ResultsFile, raw, error=DataError, prefix=f"{file}: not results of clef-quant eval")
+    results._read_sha256 = hashlib.sha256(data).hexdigest()
+    return results

@@ -29,7 +29,7 @@ from clef_quant.evaluation.config import EvalConfig
 from clef_quant.evaluation.data import EvalData, EvalRecord, read_eval_data, records_by_task
 from clef_quant.evaluation.engines import EngineProvider, FreshEngines
 from clef_quant.evaluation.errors import DataError
-from clef_quant.evaluation.results import PROBS_DIR, results_dict
+from clef_quant.evaluation.results import PROBS_DIR, ResultsFile, build_results
 from clef_quant.evaluation.scoring import score_plugin, score_reference
 from clef_quant.evaluation.sides import Side, encode_all, plan_sides
 from clef_quant.evaluation.store import ProbabilityStore, StoredRecord
@@ -42,7 +42,7 @@ from clef_vllm.format.encoding import Encoding
 
 @dataclass(frozen=True)
 class EvalRun:
-    results: dict[str, Any]
+    results: ResultsFile
     sides: list[Side]
 
     @property
@@ -140,7 +140,7 @@ def run_eval(
 
     values = compare(sides, data, stores)
     uncertainty = intervals(sides, data, stores)
-    return EvalRun(results=results_dict(config, data, sides, engines.settings, values, uncertainty), sides=sides)
+    return EvalRun(results=build_results(config, data, sides, engines.settings, values, uncertainty), sides=sides)
 
 
 def engine_in_use(engine: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Markdown tables of an eval run, rendered from the typed results and their values frame.
+"""Markdown tables of an eval run, rendered from its `ResultsFile` and their values frame.
 
 results.md shows one table per metric (a row per task and All, a column per side); the model card keeps its one
 wide table per metric level (a column group per side), and both read their numbers from `frames.values_frame`.
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from clef_quant.evaluation.metrics import METRIC_BY_NAME, Metric, format_value
-from clef_quant.evaluation.results import ALL, IntervalSettings, Results, ResultSide
+from clef_quant.evaluation.results import ALL, IntervalSettings, ResultsFile, SideEntry
 from clef_quant.formatting import markdown_table
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def measures(side: ResultSide, metric: Metric) -> bool:
+def measures(side: SideEntry, metric: Metric) -> bool:
     # Comparing the reference with itself gives 100% / 0 by construction; tables show only what a side measures.
     return side.role != "reference" or not metric.compares
 
@@ -42,24 +42,24 @@ def _by_side_and_task(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.set_index(["side_key", "task"])
 
 
-def metric_table(results: Results, frame: pd.DataFrame, metric: Metric) -> str:
+def metric_table(results: ResultsFile, frame: pd.DataFrame, metric: Metric) -> str:
     """One metric: a row per task and All, a column per side that measures it (results.md)."""
     values = _by_side_and_task(frame)[metric.name]
     sides = [side for side in results.sides if measures(side, metric)]
     rows = [
-        [_task_cell(task.title, task.name), *[format_value(metric, values[side.key, task.name]) for side in sides]]
-        for task in results.tasks
+        [_task_cell(task.label, task.name), *[format_value(metric, values[side.key, task.name]) for side in sides]]
+        for task in results.task_rows
     ]
     return markdown_table(["task", *[cell(side.name) for side in sides]], rows)
 
 
-def tasks_table(results: Results) -> str:
+def tasks_table(results: ResultsFile) -> str:
     """Records and questions per task: how much one record moves a task's numbers."""
-    rows = [[_task_cell(t.title, t.name), str(t.records), str(t.questions)] for t in results.tasks]
+    rows = [[_task_cell(t.label, t.name), str(t.records), str(t.questions)] for t in results.task_rows]
     return markdown_table(["task", "records", "questions"], rows)
 
 
-def side_groups_table(results: Results, frame: pd.DataFrame, metrics: Sequence[Metric]) -> str:
+def side_groups_table(results: ResultsFile, frame: pd.DataFrame, metrics: Sequence[Metric]) -> str:
     """Every metric of `metrics` in one table, a column group per side (the model card's form)."""
     indexed = _by_side_and_task(frame)
     groups = [(side, [m for m in metrics if measures(side, m)]) for side in results.sides]
@@ -67,28 +67,33 @@ def side_groups_table(results: Results, frame: pd.DataFrame, metrics: Sequence[M
     for side, columns in groups:
         header += [cell(f"{side.name} · {m.title} {ARROWS[m.direction]}") for m in columns]
     rows = []
-    for task in results.tasks:
-        cells = [_task_cell(task.title, task.name), str(task.records), str(task.questions)]
+    for task in results.task_rows:
+        cells = [_task_cell(task.label, task.name), str(task.records), str(task.questions)]
         for side, columns in groups:
             cells += [format_value(m, indexed.at[(side.key, task.name), m.name]) for m in columns]
         rows.append(cells)
     return markdown_table(header, rows)
 
 
-def sides_table(results: Results) -> str:
+def sides_table(results: ResultsFile) -> str:
     """One row per side: how it runs, its folder, and the model sha256 that identifies the files it ran."""
     rows = [
         [
             cell(side.name),
             ROLE_WORDS[side.role],
             f"`{side.folder}`",
-            f"`{side.sha256[:16]}` (from {side.hash_from}{f', {side.scheme}' if side.scheme else ''})",
+            f"`{side.model_hash.sha256[:16]}` (from {_hash_source(side)})",
             f"{side.records_scored} / {side.records_reused}",
         ]
         for side in results.sides
     ]
     header = ["side", "runs as", "folder", "model sha256", "records scored / reused"]
     return markdown_table(header, rows, "llllr")
+
+
+def _hash_source(side: SideEntry) -> str:
+    scheme = side.model_hash.scheme
+    return f"{side.model_hash.from_}, {scheme}" if scheme else side.model_hash.from_
 
 
 # -- intervals ------------------------------------------------------------------------------------------------
@@ -114,11 +119,11 @@ def interval_words(settings: IntervalSettings) -> str:
     )
 
 
-def undecided(results: Results, task: str = ALL) -> str | None:
+def undecided(results: ResultsFile, task: str = ALL) -> str | None:
     """Why the intervals of `task` (or All) decide nothing, or None when they may: below results.json's minimum of
     records an interval is not drawn (`comparison.MIN_RECORDS` says why)."""
     settings = results.intervals
-    records = next((t.records for t in results.tasks if t.name == task), 0)
+    records = next((t.records for t in results.task_rows if t.name == task), 0)
     if settings is None or settings.min_records is None or records >= settings.min_records:
         return None
     return f"too few records to decide (n = {records} < {settings.min_records})"
@@ -146,7 +151,7 @@ def verdict(metric: Metric, a: str, b: str, difference: float, distinguishable: 
     return f"{better} {'more accurate' if not metric.compares else 'closer to bf16'}"
 
 
-def floor_words(results: Results, side: ResultSide, task: str = ALL) -> str:
+def floor_words(results: ResultsFile, side: SideEntry, task: str = ALL) -> str:
     """Whether a candidate can be told from the noise floor by its agreement interval."""
     at_floor = results.at_floor(side, task)
     if at_floor is None:
@@ -156,7 +161,7 @@ def floor_words(results: Results, side: ResultSide, task: str = ALL) -> str:
     return "below the floor: its agreement interval lies under the noise floor's"
 
 
-def intervals_table(results: Results, frame: pd.DataFrame, task: str = ALL) -> str:
+def intervals_table(results: ResultsFile, frame: pd.DataFrame, task: str = ALL) -> str:
     """One row per side: every metric with an interval, as `value [low, high]`; a candidate's floor verdict."""
     indexed = frame[frame["task"] == task].set_index(["side_key", "metric"])
     names = results.intervals.metrics if results.intervals else []
@@ -179,7 +184,7 @@ def intervals_table(results: Results, frame: pd.DataFrame, task: str = ALL) -> s
     return markdown_table(header, rows, "l" + "r" * len(metrics) + "l")
 
 
-def differences_table(results: Results, differences: pd.DataFrame, task: str = ALL, side: str | None = None) -> str:
+def differences_table(results: ResultsFile, differences: pd.DataFrame, task: str = ALL, side: str | None = None) -> str:
     """Paired differences of one task (All by default): every pair, or only the pairs of side key `side`, turned
     so that `side` comes first. Below the minimum of records they have no interval and say so."""
     why = undecided(results, task)

@@ -318,7 +318,7 @@ def eval_results(results: EvalResults) -> list[Any]:
         dataset_id = spec.dataset.id or task.name
         dataset = {
             "dataset_type": dataset_id if results.from_hub else f"{results.data_summary.source}/{dataset_id}",
-            "dataset_name": task.title if results.from_hub else f"{task.title} (synthetic stand-in rows)",
+            "dataset_name": task.label if results.from_hub else f"{task.label} (synthetic stand-in rows)",
             "dataset_config": spec.dataset.config,
             "dataset_split": spec.eval.split,
         }
@@ -328,7 +328,7 @@ def eval_results(results: EvalResults) -> list[Any]:
                 found.append(
                     EvalResult(
                         task_type=EVAL_TASK_TYPE,
-                        task_name=task.title,
+                        task_name=task.label,
                         metric_type=metric_type,
                         metric_name=metric_name,
                         metric_value=round(float(value), 6),

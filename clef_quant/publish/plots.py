@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clef_quant.evaluation.results import ALL, ResultSide
+from clef_quant.evaluation.results import ALL, SideEntry
 from clef_quant.publish.results import EvalResults
 
 DPI = 110
@@ -41,7 +41,7 @@ def draw_plots(results: EvalResults, out_dir: Path) -> list[dict[str, str]]:
     return plots
 
 
-def _label(results: EvalResults, side: ResultSide) -> str:
+def _label(results: EvalResults, side: SideEntry) -> str:
     return f"{side.name} (this release)" if side.key == results.this.key else side.name
 
 
@@ -55,15 +55,15 @@ def _colors(results: EvalResults) -> dict[str, str]:
 
 
 def _task_labels(results: EvalResults) -> list[str]:
-    return ["\n".join(textwrap.wrap(t.title, 12)) for t in results.tasks]
+    return ["\n".join(textwrap.wrap(t.label, 12)) for t in results.tasks]
 
 
-def _value(results: EvalResults, side: ResultSide, task: str, metric: str) -> float:
+def _value(results: EvalResults, side: SideEntry, task: str, metric: str) -> float:
     return results.value(side, task, metric)
 
 
 def _grouped_bars(
-    ax: Any, results: EvalResults, sides: Sequence[ResultSide], metric: str, scale: float = 1.0, mark_zero: bool = True
+    ax: Any, results: EvalResults, sides: Sequence[SideEntry], metric: str, scale: float = 1.0, mark_zero: bool = True
 ) -> None:
     import numpy as np
 

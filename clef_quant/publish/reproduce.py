@@ -62,7 +62,7 @@ def _join(*words: Any) -> str:
 
 def _build_data(results: EvalResults) -> str:
     summary = results.data_summary
-    words: list[Any] = ["clef-quant", "build-data", "--out", results.results.file.data.folder or "data"]
+    words: list[Any] = ["clef-quant", "build-data", "--out", results.results.data.folder or "data"]
     if summary.source and summary.source != HUB:
         # The shipped fixtures are recorded by their repository path; `fixtures` names them wherever clef-quant runs.
         shipped_fixtures = summary.source == shipped.display(shipped.fixtures())
@@ -115,7 +115,7 @@ def quantize_command_line(manifest: Manifest, source_id: str, revision: str | No
 
 
 def _evaluate(results: EvalResults, out: Path) -> str:
-    written = results.results.file
+    written = results.results
     config = written.config
     reference = config.reference or results.reference.folder
     words: list[Any] = ["clef-quant", "eval", "--reference", reference]

@@ -3,7 +3,8 @@
 that render the markdown reports (`evaluation.tables`, `throughput_report`), so their numbers match.
 
 RESULTS holds `results.json` (every number, the sides with their model fingerprints) and `probs/<side key>.jsonl`
-(per-record probabilities, for the scatter plot), both read through `clef_quant.evaluation` (`Results`, the frames).
+(per-record probabilities, for the scatter plot), both read through `clef_quant.evaluation` (`ResultsFile`, the
+frames).
 
 The card is for one candidate: the side whose model fingerprint equals DIR's. That fingerprint is the sha256 of the
 manifest's file list (see `clef_quant.evaluation.store`); it is computed here over the files `quantize` wrote, so
@@ -21,7 +22,7 @@ from clef_quant import shipped
 from clef_quant.evaluation.errors import DataError
 from clef_quant.evaluation.frames import differences_frame, intervals_frame, probabilities_frame, values_frame
 from clef_quant.evaluation.metrics import METRIC_BY_NAME, QUALITY_METRICS, SPEED_METRICS, format_value
-from clef_quant.evaluation.results import ALL, RESULTS_JSON, MetricEntry, Results, ResultSide, ResultTask
+from clef_quant.evaluation.results import ALL, RESULTS_JSON, MetricEntry, ResultsFile, SideEntry, TaskEntry
 from clef_quant.evaluation.results import read_results as read_eval_results
 from clef_quant.evaluation.summary import DataSummary
 from clef_quant.evaluation.tables import (
@@ -48,47 +49,47 @@ HUB_SOURCE = "hub"
 
 @dataclass
 class EvalResults:
-    """RESULTS as the card uses it: the typed results, and which of its candidates DIR is."""
+    """RESULTS as the card uses it: its results.json, and which of its candidates DIR is."""
 
     folder: Path
-    results: Results
-    json_sha256: str
-    this: ResultSide  # the side that is DIR
+    results: ResultsFile
+    this: SideEntry  # the side that is DIR
     summary_rows: list[dict[str, str]] = field(default_factory=list)
 
     @property
-    def raw(self) -> dict[str, Any]:
-        return self.results.raw
+    def json_sha256(self) -> str:
+        """Of results.json's bytes as read, which the card cites; empty for results not read from a file."""
+        return self.results.file_sha256 or ""
 
     @property
-    def sides(self) -> tuple[ResultSide, ...]:
+    def sides(self) -> list[SideEntry]:
         return self.results.sides
 
     @property
-    def tasks(self) -> tuple[ResultTask, ...]:
+    def tasks(self) -> list[TaskEntry]:
         """The tasks in results.json order, then All."""
-        return self.results.tasks
+        return self.results.task_rows
 
     @property
-    def metrics(self) -> tuple[MetricEntry, ...]:
+    def metrics(self) -> list[MetricEntry]:
         return self.results.metrics
 
     @property
     def data_summary(self) -> DataSummary:
-        return self.results.data_summary
+        return self.results.data.summary
 
     @property
-    def reference(self) -> ResultSide:
+    def reference(self) -> SideEntry:
         reference = self.results.reference
         assert reference is not None  # read_results refuses results without one
         return reference
 
     @property
-    def noise_floor(self) -> ResultSide | None:
+    def noise_floor(self) -> SideEntry | None:
         return self.results.noise_floor
 
     @property
-    def candidates(self) -> list[ResultSide]:
+    def candidates(self) -> list[SideEntry]:
         return self.results.candidates
 
     @property
@@ -121,7 +122,7 @@ class EvalResults:
                 found.append(task.get("title", name))
         return found
 
-    def value(self, side: ResultSide, task: str, metric: str) -> float:
+    def value(self, side: SideEntry, task: str, metric: str) -> float:
         return self.results.value(side, task, metric)
 
     @cached_property
@@ -188,7 +189,7 @@ class EvalResults:
         except DataError as exc:
             raise PublishError(str(exc)) from None
 
-    def pairs(self, side: ResultSide) -> tuple[list[float], list[float]]:
+    def pairs(self, side: SideEntry) -> tuple[list[float], list[float]]:
         """Every option probability of every question: (reference, side), records matched by id."""
         stored = self.stored
         own = stored[stored["side_key"] == side.key].set_index("id")["probs"]
@@ -215,9 +216,9 @@ def read_results(results_dir: Path, folder: Path, manifest: Manifest) -> EvalRes
         raise PublishError(str(exc)) from None
 
     fingerprint = manifest_fingerprint(manifest)
-    this = next((s for s in results.candidates if s.sha256 == fingerprint), None)
+    this = next((s for s in results.candidates if s.model_hash.sha256 == fingerprint), None)
     if this is None:
-        evaluated = ", ".join(f"{s.name} ({s.sha256[:12]})" for s in results.candidates) or "none"
+        evaluated = ", ".join(f"{s.name} ({s.model_hash.sha256[:12]})" for s in results.candidates) or "none"
         raise PublishError(
             f"{results_dir} did not evaluate {folder} (model fingerprint {fingerprint[:12]}); its candidates: "
             f"{evaluated}; run clef-quant eval --candidate {folder} ... --out {results_dir}"
@@ -225,7 +226,7 @@ def read_results(results_dir: Path, folder: Path, manifest: Manifest) -> EvalRes
     if results.reference is None:
         raise PublishError(f"{results_json} has no reference side")
 
-    result = EvalResults(results_dir, results, results.file_sha256 or "", this)
+    result = EvalResults(results_dir, results, this)
     result.summary_rows = summary_rows(result)
     return result
 
@@ -233,7 +234,7 @@ def read_results(results_dir: Path, folder: Path, manifest: Manifest) -> EvalRes
 def summary_rows(results: EvalResults) -> list[dict[str, str]]:
     """The card's short table: this release next to the bf16 reference and the noise floor, per task."""
 
-    def shown(side: ResultSide | None, task: str, metric: str) -> str:
+    def shown(side: SideEntry | None, task: str, metric: str) -> str:
         if side is None:
             return ""
         return format_value(METRIC_BY_NAME[metric], results.value(side, task, metric))
@@ -243,7 +244,7 @@ def summary_rows(results: EvalResults) -> list[dict[str, str]]:
     for task in results.tasks:
         rows.append(
             {
-                "task": f"**{ALL}**" if task.name == ALL else task.title,
+                "task": f"**{ALL}**" if task.name == ALL else task.label,
                 "reference_acc": shown(results.reference, task.name, "accuracy"),
                 "acc": shown(results.this, task.name, "accuracy"),
                 "agree": shown(results.this, task.name, "agreement"),
