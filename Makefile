@@ -17,9 +17,9 @@ $(SETUP_STAMP): $(SETUP_INPUTS)
 	VENV=$(VENV) PYTHON=$(PYTHON) bash scripts/setup_env.sh
 	@touch $@
 
-# Two workers (tests/conftest.py hands out one test module at a time, the longest first). Ruff and the strict docs
-# build come first (a broken link or anchor in docs/ fails the target). Ends with the suite's own summary (the 30
-# slowest steps, engine starts) and the whole target's wall time.
+# Two workers (tests/plugins/work_units.py hands out one unit of work at a time, the longest first). Ruff and the
+# strict docs build come first (a broken link or anchor in docs/ fails the target). Ends with the suite's own summary
+# (the 30 slowest steps, engine starts) and the whole target's wall time.
 test: setup
 	@start=$$(date +%s); $(BIN)/ruff check . && $(MKDOCS_BUILD) && \
 	$(BIN)/python -m pytest -q tests -n 2 --no-loadscope-reorder --durations=30; \

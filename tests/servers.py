@@ -46,8 +46,8 @@ def systemone(model: Path, log: Path, *flags: str) -> Iterator[tuple[str, list[i
         yield f"http://127.0.0.1:{port}", statuses
 
 
-# The server most modules share (conftest.py's `shared_systemone`): one start for the session instead of one per
-# module. Modules whose tests need other flags, or that end the server, start their own.
+# The server most modules share (`shared_systemone`, tests/plugins/shared_servers.py): one start for the session
+# instead of one per module. Modules whose tests need other flags, or that end the server, start their own.
 SHARED_API_KEY = "test-key"
 SHARED_AUTH = {"Authorization": f"Bearer {SHARED_API_KEY}"}
 # What a client sends while the engine loads; the answers are kept for the tests of that phase.

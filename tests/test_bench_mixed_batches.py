@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from conftest import ENGINE_MAX_MODEL_LEN
+from plugins.engines import ENGINE_MAX_MODEL_LEN
 
 
 def test_the_mixed_batches_hold_prompts_of_every_length_and_the_default_mode_answers_them_as_alone(

@@ -14,7 +14,9 @@ import httpx
 import pytest
 from servers import SHARED_API_KEY
 
-pytestmark = pytest.mark.slow
+# One unit of work with the other modules on the session's shared servers (tests/plugins/shared_servers.py),
+# handed out right after the README's.
+pytestmark = [pytest.mark.slow, pytest.mark.unit("shared-servers", order=20)]
 
 API_KEY = SHARED_API_KEY
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

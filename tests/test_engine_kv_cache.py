@@ -9,13 +9,13 @@ import os
 from pathlib import Path
 
 import pytest
+from plugins.engines import start_engine
 from typer.testing import CliRunner
 
 from clef_quant.cli import app
 from clef_quant.evaluation.results import read_results
 from clef_quant.publish.reproduce import _evaluate
 from clef_quant.publish.results import EvalResults
-from clef_vllm.engine import ClefEngine
 from clef_vllm.engine import settings as engine_module
 from clef_vllm.engine.settings import CPU_KV_CACHE_ENV, own_kv_cache
 
@@ -65,7 +65,7 @@ def test_the_modules_own_default_is_put_aside_without_a_warning(
 def test_a_started_engine_uses_its_own_size_with_the_variable_set(
     tiny_dir: Path, user_set_space: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    engine = ClefEngine(tiny_dir, max_model_len=1024, enforce_eager=True, kv_cache_memory_bytes=OWN_BYTES)
+    engine = start_engine(tiny_dir, max_model_len=1024, enforce_eager=True, kv_cache_memory_bytes=OWN_BYTES)
     try:
         assert engine.kv_cache_memory_bytes == OWN_BYTES  # 1 GiB when the variable won
     finally:

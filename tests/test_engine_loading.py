@@ -34,6 +34,9 @@ from clef_quant.quantize.engines_loading import (
 from clef_quant.quantize.registry import schemes
 from clef_quant.quantize.release_files import backbone_weight_files
 
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
+pytestmark = pytest.mark.unit(order=170)
+
 VLLM = ("clef-vllm", "vllm serve + clef-vllm", "vLLM >= 0.33")
 SGLANG = "SGLang >= 0.5.23"
 NOT_READ = ("llama.cpp", "NeMo AutoModel")

@@ -239,7 +239,7 @@ class SharedEngines:
 
     def check(self, folder: Path) -> None:
         """The settings the session's engine over `folder` starts with, checked as eval checks its own."""
-        from conftest import ENGINE_MAX_MODEL_LEN, small_kv_cache
+        from plugins.engines import ENGINE_MAX_MODEL_LEN, small_kv_cache
 
         from clef_vllm.engine.check import check_engine_settings
 

@@ -130,7 +130,7 @@ def test_eval_refuses_an_unknown_engine_arg_before_any_work(tmp_path):
 
 
 def test_an_engine_arg_reaches_the_running_engine(clef_engine, tiny_dir):
-    from conftest import ENGINE_KV_CACHE_BYTES
+    from plugins.engines import ENGINE_KV_CACHE_BYTES
 
     engine = clef_engine(tiny_dir, seed=1234)
     config = engine.llm.llm_engine.vllm_config

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import small_kv_cache
+from plugins.engines import small_kv_cache, start_engine
 
 from clef_quant.bench.workload import WORDS, sentence
 from clef_quant.evaluation.config import EvalConfig
@@ -20,7 +20,8 @@ from clef_quant.evaluation.engines import FreshEngines
 from clef_quant.evaluation.runner import run_eval
 from clef_vllm.errors import SettingsError
 
-pytestmark = pytest.mark.slow
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
+pytestmark = [pytest.mark.slow, pytest.mark.unit(order=60)]
 
 # vLLM's CPU FP8 path runs at tens of tokens per second on two cores: short prompts, cut at a short limit.
 MAX_LEN = 320
@@ -52,10 +53,8 @@ def requests() -> list[dict[str, Any]]:
 
 
 def open_engine(folder: Path):
-    from clef_vllm.engine import ClefEngine
-
     with small_kv_cache() as kv_cache:
-        return ClefEngine(folder, max_model_len=MAX_LEN, enforce_eager=True, **kv_cache)
+        return start_engine(folder, max_model_len=MAX_LEN, enforce_eager=True, **kv_cache)
 
 
 @pytest.mark.parametrize("scheme", ["fp8-dynamic", "nvfp4"])

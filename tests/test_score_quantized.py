@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ENGINE_MAX_MODEL_LEN, QUANTIZE_TEST_RECORDS
+from plugins.engines import ENGINE_MAX_MODEL_LEN
+from plugins.releases import QUANTIZE_TEST_RECORDS
 from test_cli_format import check_answer
 from test_quality import served_on_this_cpu
 from typer.testing import CliRunner
@@ -19,6 +20,9 @@ from workloads import short_requests
 from clef_quant.cli import app
 from clef_quant.quantize.inspect import inspect_checkpoint
 from clef_quant.quantize.registry import schemes
+
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
+pytestmark = pytest.mark.unit(order=70)
 
 EXAMPLE_REQUEST = Path(__file__).resolve().parents[1] / "examples" / "request.json"
 SCHEMES = [*schemes().names, "auto"]

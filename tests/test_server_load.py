@@ -31,7 +31,8 @@ from clef_quant.bench.workload import WORDS, sentence
 from clef_vllm.format.state_cut import MAX_CALL_CHARS
 from clef_vllm.server.cli import EXIT_ENGINE_DIED
 
-pytestmark = pytest.mark.slow
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
+pytestmark = [pytest.mark.slow, pytest.mark.unit(order=120)]
 
 MAX_LEN = 4096
 CLIENTS = 64

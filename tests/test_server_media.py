@@ -14,7 +14,9 @@ from test_media import png_bomb
 
 from clef_quant.bench.workload import image_requests
 
-pytestmark = pytest.mark.slow
+# One unit of work with the other modules on the session's shared servers (tests/plugins/shared_servers.py),
+# handed out right after the README's.
+pytestmark = [pytest.mark.slow, pytest.mark.unit("shared-servers", order=20)]
 
 QUESTIONS = {
     "red": {"type": "noul", "instructions": "Is it red?"},

@@ -27,7 +27,8 @@ from workloads import TEST_STATE_WORDS, short_requests
 from clef_quant.bench.processes import free_port, server_env, systemone_command, wait_healthy
 from clef_quant.bench.workload import varied_requests
 
-pytestmark = pytest.mark.slow
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
+pytestmark = [pytest.mark.slow, pytest.mark.unit(order=140)]
 
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -32,6 +32,10 @@ from clef_vllm.engine.cpu.threads import BIND_ENV, LogicalCpu, omp_binding
 from clef_vllm.errors import SettingsError
 from clef_vllm.server.cli import EXIT_ENGINE_DIED
 
+# One unit of work with the other modules on the session's shared servers (tests/plugins/shared_servers.py),
+# handed out right after the README's.
+pytestmark = pytest.mark.unit("shared-servers", order=20)
+
 
 def cpus(count: int, siblings: int = 1, nodes: int = 1) -> list[LogicalCpu]:
     """`count` logical CPUs numbered as Linux does: the second thread of core c is CPU c + count / siblings."""

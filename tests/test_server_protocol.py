@@ -18,7 +18,9 @@ import zstandard
 from openapi_checks import assert_limits_documented, assert_models_described
 from servers import ENGINE_FLAGS, PROBE, SHARED_API_KEY
 
-pytestmark = pytest.mark.slow
+# One unit of work with the other modules on the session's shared servers (tests/plugins/shared_servers.py),
+# handed out right after the README's.
+pytestmark = [pytest.mark.slow, pytest.mark.unit("shared-servers", order=20)]
 
 API_KEY = SHARED_API_KEY
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -18,6 +18,9 @@ from clef_quant.cli import app
 from clef_vllm.engine.cpu.threads import BIND_ENV
 from clef_vllm.errors import CheckpointError, SettingsError
 
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
+pytestmark = pytest.mark.unit(order=180)
+
 FIXTURES = Path(__file__).resolve().parents[1] / "eval" / "fixtures"
 ENGINE = ["--max-model-len", "4096", "--enforce-eager"]
 
@@ -213,7 +216,7 @@ def test_clef_engine_refuses_before_vllm_starts(
 def test_the_kv_cache_floor_never_refuses_a_size_vllm_would_run(clef_engine: Any, tiny_dir: Path) -> None:
     """Below the floor vLLM refuses the engine too (its own check, on the started engine's layers); twice the floor
     it runs one prompt of max_model_len (vLLM pads pages to one size across layer kinds, so it needs more)."""
-    from conftest import ENGINE_MAX_MODEL_LEN, small_kv_cache
+    from plugins.engines import ENGINE_MAX_MODEL_LEN, small_kv_cache
     from vllm.v1.core.kv_cache_utils import check_enough_kv_cache_memory
 
     from clef_vllm.engine.check import engine_config, environment_kept, kv_cache_floor

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ENGINE_MAX_MODEL_LEN
 from media_files import image_b64, video_b64
+from plugins.engines import ENGINE_MAX_MODEL_LEN
 from test_vllm_plugin import MAX_ABS_DP, MIN_TOP1_AGREEMENT, _reference_head_logits, agreement
 from workloads import short_requests
 

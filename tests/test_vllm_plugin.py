@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ENGINE_MAX_MODEL_LEN
+from plugins.engines import ENGINE_MAX_MODEL_LEN, start_engine
 from safetensors.torch import load_file
 from workloads import short_requests
 
@@ -122,12 +122,10 @@ def test_quantized_folders_load_and_answer(quantized_dir, clef_engine, reference
 
 @pytest.mark.slow
 def test_closing_one_engine_leaves_the_others_in_this_process_working(tiny_dir, clef_engine):
-    from clef_vllm.engine import ClefEngine
-
     shared = clef_engine(tiny_dir, max_num_batched_tokens=4096)
     body = short_requests(1, seed=3)[0]
     before = shared.score([body])
-    extra = ClefEngine(tiny_dir, max_model_len=shared.max_length, enforce_eager=True)
+    extra = start_engine(tiny_dir, max_model_len=shared.max_length, enforce_eager=True)
     assert extra.score([body]) == before
     extra.close()  # vLLM's own shutdown would tear down the parallel groups the shared engine still uses
     assert shared.score([body]) == before

@@ -28,6 +28,9 @@ from clef_quant.quantize.recipes import load_recipe
 from clef_quant.quantize.registry import schemes
 from clef_quant.release_folder.manifest import MANIFEST_FILE
 
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
+pytestmark = pytest.mark.unit(order=130)
+
 REPO = Path(__file__).resolve().parents[1]
 # What the two builds read: the project files, the code, and the shipped folders (vllm_plugin/ among them).
 BUILD_INPUTS = ("pyproject.toml", "README.md", "clef_quant", *shipped.SHIPPED_FOLDERS)
