@@ -58,7 +58,8 @@ def parse_scheme(value: str) -> str:
 
 
 def scheme_option(help_text: str) -> Any:
-    """`--scheme NAME`: a scheme of the registry or auto, checked by the library's own check."""
+    """`--scheme NAME`: a scheme of the registry or auto, checked by the library's own check, once: the value it
+    hands on is a `SchemeName`, which the run it starts takes as checked."""
     return typer.Option(
         "--scheme", parser=parse_scheme, metavar="SCHEME", help=f"{help_text} One of {', '.join(QUANTIZE_SCHEMES)}."
     )

@@ -22,9 +22,7 @@ from clef_quant.cli._options import (
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import quantization_bars
 from clef_quant.formatting import binary_size
-from clef_quant.quantize.auto import check_auto_options
 from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN
-from clef_quant.quantize.recipes import check_recipe_choice
 from clef_quant.quantize.registry import schemes
 
 STREAMING_DEFAULT = schemes().streaming_default()
@@ -98,8 +96,7 @@ def quantize(
       clef-quant quantize artifacts/tiny --scheme auto --scan artifacts/scan/scan.json --max-kl 0.01 -o tiny-AUTO
       clef-quant quantize artifacts/tiny --scheme fp8-dynamic --no-streaming -o tiny-FP8  # load the model
     """
-    check_recipe_choice(scheme, recipe_file)
-    check_auto_options(scheme, scan_file, max_kl, max_size_gb)
+    # `--scheme` was checked by its parser; the library checks the rest of the choice where it is entered.
     from clef_quant.quantize.run import QuantizeConfig
     from clef_quant.quantize.run import quantize as run_quantize
 

@@ -29,7 +29,7 @@ from clef_quant import shipped
 from clef_quant.bootstrap import Bootstrap
 from clef_quant.quantize import registry
 from clef_quant.quantize.errors import QuantizeError
-from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, recipe_environment
+from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, parsed_recipe, recipe_environment
 from clef_quant.quantize.release_files import backbone_bytes
 from clef_quant.quantize.scan_file import GROUPS, ScanFile, config_sha256, read_scan
 from clef_quant.quantize.schemes import BF16
@@ -298,4 +298,4 @@ def load_auto_recipe(
         "predicted_bytes": plan.predicted_bytes,
         "units": plan.counts(),
     }
-    return Recipe(scheme=AUTO_SCHEME, path=Path(scan_path), text=text, variables=variables)
+    return parsed_recipe(AUTO_SCHEME, Path(scan_path), text, variables)

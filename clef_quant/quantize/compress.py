@@ -50,6 +50,20 @@ def load_model(source_dir: Path, source_config: ReleaseConfig | Mapping[str, Any
     return model
 
 
+def save_compressed(model: Any, folder: Path) -> None:
+    """The compressed backbone (weights, their index, config.json) into `folder`, without the `recipe.yaml`
+    llm-compressor's `save_pretrained` adds: the release's is written once, on either path, by `release_files`.
+    Scoped like `fused_global_scales`: the function is back when the save ends, whatever happened inside."""
+    from llmcompressor.transformers.compression import compressed_tensors_utils as saving
+
+    original = saving.update_and_save_recipe  # looked up by save_pretrained's wrapper when it runs
+    saving.update_and_save_recipe = lambda _model_stub, _save_directory: None
+    try:
+        model.save_pretrained(str(folder), save_compressed=True)
+    finally:
+        saving.update_and_save_recipe = original
+
+
 def _linearize_experts(model: Any) -> None:
     """One Linear per expert (llm-compressor's LinearExperts2D) in place of transformers' fused 3-D expert tensors:
     the plan, the recipe's `Linear` targets and the saved checkpoint (per-expert names, as released and as vLLM
@@ -58,6 +72,22 @@ def _linearize_experts(model: Any) -> None:
 
     if get_non_linearized_moes(model):
         linearize_moe(model)
+
+
+def linearize_meta_experts(model: Any) -> bool:
+    """What `_linearize_experts` makes of a model on the meta device, so that the plan made before loading sees the
+    Linear modules the loaded model will have; whether the model had experts. llm-compressor's `linearize_moe`
+    cannot run there: it copies each expert's weights and sets up offloading, and a meta model has neither."""
+    import torch
+    from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
+    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes
+
+    found = get_non_linearized_moes(model)
+    for name, module in found:
+        config = getattr(module, "config", model.config)  # the config `linearize_moe` builds the experts from
+        with torch.device("meta"):
+            model.set_submodule(name, LinearExperts2D.get_linear_experts_cls(type(module))(config))
+    return bool(found)
 
 
 # Qwen3.5 VL, the Qwen3-Omni thinker, then text-only.

@@ -1,6 +1,7 @@
 """What `quantize` checks before any model loads: the source (its config and its shards' headers), the scheme or
 recipe, the output folder, the head, the calibration file and the device, so input to fix fails in seconds rather
-than after a 20 GB load."""
+than after a 20 GB load. The scheme is checked here only when the command line's parser has not (`SchemeName`);
+the recipe is read and parsed here, once, into the `Recipe` the whole run uses."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from clef_quant.quantize.auto import check_auto_options, load_auto_recipe
 from clef_quant.quantize.calibration import check_calibration_settings, read_request_bodies
 from clef_quant.quantize.contents import head_prefix_of
 from clef_quant.quantize.errors import QuantizeError
-from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, check_recipe_choice, load_recipe
+from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, check_recipe_choice, recipe_of
 from clef_quant.quantize.source_shards import ShardedSource, shard_header, sharded_source
 from clef_quant.release import resolve_release
 from clef_quant.release_folder.outputs import check_output
@@ -51,9 +52,10 @@ def _refuse_replacing(out: Path, source_dir: Path) -> None:
 
 
 def check_inputs(config: QuantizeConfig) -> CheckedInputs:
-    """Everything that can be wrong before the model loads, checked in one go (cheapest first)."""
-    check_recipe_choice(config.scheme, config.recipe_file)
-    check_auto_options(config.scheme, config.scan_file, config.max_kl, config.max_size_gb)
+    """Everything about the input that can be wrong, checked in one go (cheapest first); what the recipe does to
+    the model is `run_plan`'s, next."""
+    scheme = check_recipe_choice(config.scheme, config.recipe_file)  # where the library is entered
+    check_auto_options(scheme, config.scan_file, config.max_kl, config.max_size_gb)
     out = Path(config.out).expanduser().absolute()
     local_source = Path(config.source).expanduser()
     if local_source.exists():  # before the output's own checks, whose refusal would say less
@@ -62,12 +64,12 @@ def check_inputs(config: QuantizeConfig) -> CheckedInputs:
     source_dir = resolve_release(config.source, config.revision).absolute()
     _refuse_replacing(out, source_dir)
     source_config = bf16_source_config(source_dir, "quantize")
-    if config.scheme == AUTO_SCHEME and config.scan_file is not None:  # checked above: auto has its scan
+    if scheme == AUTO_SCHEME and config.scan_file is not None:  # checked above: auto has its scan
         recipe = load_auto_recipe(
             config.scan_file, source_dir, source_config, max_kl=config.max_kl, max_size_gb=config.max_size_gb
         )
     else:
-        recipe = load_recipe(config.scheme, config.recipe_file, source_config)
+        recipe = recipe_of(scheme, config.recipe_file, source_config)
     head_dir = find_head_dir(source_dir)
     head_prefix_of(source_dir, head_dir)
     shards = sharded_source(source_dir)  # headers only: a cut or mis-indexed shard fails here, on either path

@@ -18,7 +18,7 @@ from typing import Any
 from clef_quant.families import family_of_config
 from clef_quant.formatting import first_few
 from clef_quant.quantize.errors import QuantizeError
-from clef_quant.quantize.recipes import is_kept_bf16, keep_bf16
+from clef_quant.quantize.recipes import compressor_recipe, is_kept_bf16, keep_bf16
 from clef_quant.quantize.schemes import BF16, fused_groups_of, scheme_label
 from clef_vllm.engine.cpu.experts import mixed_expert_layers
 
@@ -41,14 +41,9 @@ class QuantPlan:
 
 
 def parse_recipe(text: str) -> Any:
-    """llm-compressor's Recipe for a filled recipe text; a bad modifier or field is a one-line user error."""
-    from llmcompressor.recipe import Recipe
-
-    try:
-        return Recipe.create_instance(text)
-    except Exception as exc:  # pydantic and registry errors: the recipe is the user's to fix
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise QuantizeError(f"llm-compressor cannot use this recipe: {first}") from None
+    """llm-compressor's Recipe for a filled recipe text, for callers holding only the text (the scan, benchmarks; a
+    quantize run builds it once from its `Recipe`); a bad modifier or field is a one-line user error."""
+    return compressor_recipe(text)
 
 
 def recipe_needs_calibration(recipe: Any) -> bool:

@@ -9,6 +9,7 @@ filled text is what runs and what the manifest records.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -64,12 +65,22 @@ def keep_reasons(family: Family | None = None) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A recipe ready for llm-compressor: where it came from and the filled text."""
+    """A recipe ready for llm-compressor, read and parsed once: where it came from, the filled text (what the
+    manifest records) and that text parsed (what llm-compressor builds its modifiers from)."""
 
     scheme: str  # a registry scheme name, CUSTOM_SCHEME for a user recipe, or AUTO_SCHEME
-    path: Path | Traversable  # a user file, or the shipped recipe of the scheme
+    path: Path | Traversable  # a user file, the shipped recipe of the scheme, or auto's scan
     text: str
     variables: dict[str, Any]  # placeholder values used to fill it
+    document: dict[str, Any]  # `text` parsed: a mapping of stages
+    shipped: bool = False  # the registry's own file, not a --recipe file given with or instead of a scheme
+
+    @functools.cached_property
+    def compressor_recipe(self) -> Any:
+        """llm-compressor's Recipe, built from `document` on first use: the one object the run plans with,
+        quantizes with and writes as `recipe.yaml`. Built lazily because importing llm-compressor takes seconds and
+        the cheaper checks of a run come first; a modifier or field it refuses is a one-line QuantizeError."""
+        return compressor_recipe(self.document)
 
 
 def matches_target(name: str, target: str) -> bool:
@@ -164,19 +175,27 @@ def scheme_choices() -> tuple[str, ...]:
     return (*registry.schemes().names, AUTO_SCHEME)
 
 
-def check_scheme(scheme: str) -> str:
-    """`scheme` if `--scheme` accepts it (the command line's parser and the library both ask here)."""
+class SchemeName(str):
+    """A `--scheme` value `check_scheme` accepted. The command line's parser hands this on, so the run it starts
+    takes the scheme as checked; a plain string (the library entered directly) is checked where the run begins."""
+
+
+def check_scheme(scheme: str) -> SchemeName:
+    """`scheme` if `--scheme` accepts it: the one check of a run's scheme (the command line's parser's, else the
+    library's)."""
     if scheme not in scheme_choices():
         raise QuantizeError(registry.unknown_scheme(scheme, scheme_choices()))
-    return scheme
+    return SchemeName(scheme)
 
 
-def check_recipe_choice(scheme: str | None, recipe_file: Path | None) -> None:
-    """A quantize run names a scheme or a recipe file, and a scheme it names exists."""
+def check_recipe_choice(scheme: str | None, recipe_file: Path | None) -> SchemeName | None:
+    """A quantize run names a scheme or a recipe file, and a scheme it names exists (checked here unless the
+    command line's parser did); the scheme, checked, or None."""
     if scheme is None and recipe_file is None:
         raise QuantizeError(f"give --scheme or --recipe; --scheme is one of {', '.join(scheme_choices())}")
-    if scheme is not None:
-        check_scheme(scheme)
+    if scheme is None or isinstance(scheme, SchemeName):
+        return scheme
+    return check_scheme(scheme)
 
 
 def scheme_recipe_path(scheme: str) -> Traversable:
@@ -185,22 +204,55 @@ def scheme_recipe_path(scheme: str) -> Traversable:
 
 
 def load_recipe(scheme: str | None, recipe_file: Path | None, config: ReleaseConfig | Mapping[str, Any]) -> Recipe:
-    """The recipe for a scheme (or a user file, which wins), filled for this checkpoint and checked as YAML.
+    """The recipe for a scheme (or a user file, which wins), filled for this checkpoint and checked as YAML, for
+    callers that have not checked the choice (a quantize run has: it calls `recipe_of`)."""
+    return recipe_of(check_recipe_choice(scheme, recipe_file), recipe_file, config)
 
-    A file's front matter (a first YAML document under `clef:`, as the shipped recipes have) is not part of the
-    recipe: it is left out of what llm-compressor reads and what the manifest records."""
-    check_recipe_choice(scheme, recipe_file)
+
+def recipe_of(scheme: SchemeName | None, recipe_file: Path | None, config: ReleaseConfig | Mapping[str, Any]) -> Recipe:
+    """The recipe of a choice `check_recipe_choice` accepted, filled for this checkpoint and parsed.
+
+    A shipped recipe is the text the registry read; a user's file is read here. A file's front matter (a first YAML
+    document under `clef:`, as the shipped recipes have) is not part of the recipe: it is left out of what
+    llm-compressor reads and what the manifest records."""
     if scheme == AUTO_SCHEME and recipe_file is None:
         raise QuantizeError("--scheme auto is planned from a scan, not read from a recipe file")
-    path: Path | Traversable = Path(recipe_file) if recipe_file is not None else scheme_recipe_path(scheme or "")
-    try:
-        _, template = registry.split_front_matter(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise QuantizeError(f"cannot read recipe {path}: {exc.strerror}") from None
+    path: Path | Traversable
+    if recipe_file is None:
+        path, template = scheme_recipe_path(scheme or ""), registry.schemes().recipe_template(scheme or "")
+    else:
+        path = Path(recipe_file)
+        try:
+            _, template = registry.split_front_matter(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise QuantizeError(f"cannot read recipe {path}: {exc.strerror}") from None
     config = checked_config(config)
     variables = layer_variables(config)
     text = fill(template, variables, keep_bf16(family_of_config(config)))
-    parsed = parse_yaml(text, where=f"recipe {path}", error=QuantizeError)
-    if not isinstance(parsed, dict) or not parsed:
+    # A --recipe file given with --scheme wins over the scheme's own: only the shipped file itself counts as shipped.
+    shipped = scheme in registry.schemes().names and str(path) == str(scheme_recipe_path(scheme or ""))
+    return parsed_recipe(scheme or CUSTOM_SCHEME, path, text, variables, shipped=shipped)
+
+
+def parsed_recipe(
+    scheme: str, path: Path | Traversable, text: str, variables: dict[str, Any], *, shipped: bool = False
+) -> Recipe:
+    """`text` parsed into a Recipe; a text that is not a mapping of stages is refused naming `path`."""
+    document = parse_yaml(text, where=f"recipe {path}", error=QuantizeError)
+    if not isinstance(document, dict) or not document:
         raise QuantizeError(f"recipe {path} is not an llm-compressor recipe (expected a mapping of stages)")
-    return Recipe(scheme=scheme or CUSTOM_SCHEME, path=path, text=text, variables=variables)
+    return Recipe(scheme=str(scheme), path=path, text=text, variables=variables, document=document, shipped=shipped)
+
+
+def compressor_recipe(recipe: Mapping[str, Any] | str) -> Any:
+    """llm-compressor's Recipe for a parsed recipe (or, for callers holding only the text, the text); a bad modifier
+    or field is a one-line user error."""
+    from llmcompressor.recipe import Recipe as CompressorRecipe
+
+    try:
+        if isinstance(recipe, str):
+            return CompressorRecipe.create_instance(recipe)
+        return CompressorRecipe.from_dict(dict(recipe))
+    except Exception as exc:  # pydantic and registry errors: the recipe is the user's to fix
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise QuantizeError(f"llm-compressor cannot use this recipe: {first}") from None

@@ -69,6 +69,7 @@ class Scheme(BaseModel):
 class SchemeFile:
     scheme: Scheme
     path: Traversable
+    template: str  # the llm-compressor recipe after the front matter, kept so that a run never reads the file again
 
 
 def split_front_matter(text: str) -> tuple[dict[str, Any] | None, str]:
@@ -86,12 +87,12 @@ def split_front_matter(text: str) -> tuple[dict[str, Any] | None, str]:
     return head[FRONT_MATTER_KEY], text[end.end() :].lstrip("\n")
 
 
-def _read(path: Traversable) -> Scheme:
-    front, _ = split_front_matter(path.read_text(encoding="utf-8"))
+def _read(path: Traversable) -> SchemeFile:
+    front, template = split_front_matter(path.read_text(encoding="utf-8"))
     if front is None:
         raise QuantizeError(f"recipe {path} has no `{FRONT_MATTER_KEY}:` front matter before its `---` line")
     try:
-        return Scheme.model_validate(front)
+        return SchemeFile(Scheme.model_validate(front), path, template)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise QuantizeError(f"recipe {path}: front matter {problems}") from None
@@ -110,6 +111,10 @@ class Registry:
 
     def recipe_path(self, name: str) -> Traversable:
         return self._file(name).path
+
+    def recipe_template(self, name: str) -> str:
+        """The scheme's recipe as the registry read it (front matter left out)."""
+        return self._file(name).template
 
     def _file(self, name: str) -> SchemeFile:
         for found in self.files:
@@ -149,7 +154,7 @@ def unknown_scheme(name: str, names: tuple[str, ...]) -> str:
 def load_registry(folder: Traversable) -> Registry:
     """Every `*.yaml` recipe in `folder`, checked as a whole: one name per scheme, card words for a label once."""
     files = [
-        SchemeFile(_read(entry), entry)
+        _read(entry)
         for entry in sorted(folder.iterdir(), key=lambda e: e.name)
         if entry.is_file() and entry.name.endswith(RECIPE_SUFFIX)
     ]

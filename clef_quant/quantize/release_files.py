@@ -1,5 +1,5 @@
-"""The files of a quantized release besides what `save_pretrained` writes, the weights index, and the size of its
-backbone."""
+"""The files of a quantized release besides the backbone's weights and config: the source's files it carries, the
+weights index and `recipe.yaml`; and the size of its backbone."""
 
 from __future__ import annotations
 
@@ -9,12 +9,26 @@ import struct
 from pathlib import Path
 
 from clef_quant.quantize.contents import BACKBONE_OUTPUTS, ReleaseContents, strip_remote_code_keys
+from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe
 from clef_quant.release_folder.atomic import write_json_atomic
 from clef_quant.release_folder.writer import OWNER_FILE
 from clef_vllm.head.files import HEAD_WEIGHTS
 
 GENERATION_CONFIG = "generation_config.json"  # save_pretrained writes one; the source's replaces it when there
 WEIGHTS_INDEX = "model.safetensors.index.json"
+RECIPE_FILE = "recipe.yaml"
+
+
+def write_recipe_file(partial: Path, recipe: Recipe, appended_to: Path | None = None) -> None:
+    """`recipe.yaml`, written here only, on either path, once the backbone is: auto's recipe as rendered (its
+    comments say why each unit got its scheme), any other as llm-compressor's own `save_pretrained` writes the recipe
+    it ran, appended to `appended_to` (a `recipe.yaml` of the source the oneshot path loaded, which llm-compressor
+    appends to)."""
+    if recipe.scheme == AUTO_SCHEME:
+        text = recipe.text
+    else:
+        text = recipe.compressor_recipe.yaml(existing_recipe_path=str(appended_to) if appended_to else None)
+    (partial / RECIPE_FILE).write_text(text, encoding="utf-8")
 
 
 def copy_release_files(source_dir: Path, contents: ReleaseContents, partial: Path) -> None:

@@ -1,18 +1,19 @@
 """`quantize`: a Clef release folder in, a quantized release folder out, complete or not at all.
 
 The sequence: resolve the source and check everything that can be checked without the model (scheme, recipe, output
-folder, head, the backbone shards' headers and index, calibration file); encode the calibration requests (NVFP4
-family); load the backbone; resolve the recipe against its Linear modules and refuse a plan that touches the
-keep-list or splits a fused group; run llm-compressor's `oneshot` with the qkv/z pair added to its fused-scale
-groups; save the compressed backbone into `DIR.partial` with a weights index naming only its shards; copy what the
-allowlist of `contents` names (head at the root, tokenizer, processor, chat template, generation config, licences,
-the source card, `joint_schema_model.py`) and nothing else, without `auto_map` keys; write the manifest last; then
-every file is set to 0644 and `DIR.partial` renamed to `DIR`.
+folder, head, the backbone shards' headers and index, calibration file: `inputs`); plan the run on the model's
+definition, built on the meta device (`run_plan`: the path, and a refusal of a plan that touches the keep-list or
+splits a fused group); claim the output; encode the calibration requests (NVFP4 family); load the backbone; run
+llm-compressor's `oneshot` with the qkv/z pair added to its fused-scale groups; save the compressed backbone into
+`DIR.partial` with a weights index naming only its shards; write `recipe.yaml`; copy what the allowlist of
+`contents` names (head at the root, tokenizer, processor, chat template, generation config, licences, the source
+card, `joint_schema_model.py`) and nothing else, without `auto_map` keys; write the manifest last; then every file
+is set to 0644 and `DIR.partial` renamed to `DIR`.
 
 Data-free schemes (`streaming: true` in their recipe's front matter, or any data-free recipe with
-`streaming=True`) take the streaming path instead of loading, calibrating and saving: the same plan made on the
-meta device, then the backbone quantized shard by shard (`streaming`), each shard hashed once written. Everything
-after the backbone (copy, manifest, publish) is the same for both paths.
+`streaming=True`) take the streaming path instead of loading, calibrating and saving: the backbone quantized
+shard by shard (`streaming`), each shard hashed once written. Everything after the backbone (`recipe.yaml`, copy,
+manifest, publish) is the same for both paths.
 
 The output is written through `release_folder.staged_folder`: any failure, Ctrl-C or SIGTERM removes
 `DIR.partial`, so an interrupted run leaves neither folder, and a `.partial` another live run writes is never
@@ -34,25 +35,18 @@ from typing import Any
 
 from clef_quant.formatting import utc_timestamp
 from clef_quant.progress import NoProgress, Progress
-from clef_quant.quantize import registry
 from clef_quant.quantize import task_names as tasks
 from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN, CalibrationSummary, as_dataloader, build_calibration
-from clef_quant.quantize.compress import load_model, run_oneshot
+from clef_quant.quantize.compress import load_model, run_oneshot, save_compressed
 from clef_quant.quantize.contents import ReleaseContents, plan_contents
-from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inputs import check_inputs
 from clef_quant.quantize.measure import peak_gpu_bytes, peak_host_bytes, timed
 from clef_quant.quantize.output_errors import output_write_errors
-from clef_quant.quantize.plan import QuantPlan, parse_recipe, plan_quantization, recipe_needs_calibration
-from clef_quant.quantize.recipes import AUTO_SCHEME, Recipe, scheme_recipe_path
-from clef_quant.quantize.release_files import backbone_bytes, copy_release_files
-from clef_quant.quantize.source_shards import ShardedSource
-from clef_quant.quantize.streaming import (
-    NotStreamable,
-    StreamingPlan,
-    plan_streaming,
-    stream_quantize,
-)
+from clef_quant.quantize.plan import QuantPlan, recipe_needs_calibration
+from clef_quant.quantize.recipes import Recipe
+from clef_quant.quantize.release_files import RECIPE_FILE, backbone_bytes, copy_release_files, write_recipe_file
+from clef_quant.quantize.run_plan import RunPlan, plan_run
+from clef_quant.quantize.streaming import stream_quantize
 from clef_quant.release_folder.manifest import Manifest, build_manifest, folder_files, write_manifest
 from clef_quant.release_folder.staged import staged_folder
 from clef_quant.release_folder.writer import OWNER_FILE
@@ -60,7 +54,8 @@ from clef_vllm.format.encoder import load_tokenizer
 from clef_vllm.format.release_config import ReleaseConfig
 
 # What `on_stage` is told, in order ("calibrating" only for schemes that calibrate; on the streaming path
-# "loaded" means the plan is made on the model's definition and "saved" that every shard is written).
+# "loaded" means the shards are about to be read and "saved" that every shard is written). The plan is made
+# before "checked": a run refused by it tells nothing.
 STAGES = ("checked", "claimed", "loaded", "calibrating", "saved", "copied", "hashed", "published")
 StageHook = Callable[[str], None]
 
@@ -117,13 +112,13 @@ class _Job:
     source_dir: Path
     source_config: ReleaseConfig
     recipe: Recipe
-    shards: ShardedSource
+    run_plan: RunPlan
     contents: ReleaseContents
     out: Path
     progress: Progress
     started: float
     on_stage: StageHook
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float]
 
 
 def quantize(
@@ -132,19 +127,22 @@ def quantize(
     """Run one quantization; raises QuantizeError/CheckpointError for input to fix, ReleaseFolderError for an
     output or `.partial` in the way, Interrupted on a signal."""
     started = time.perf_counter()
+    timings: dict[str, float] = {}
     inputs = check_inputs(config)
+    run_plan = plan_run(inputs, config.streaming, timings)  # every refusal of the plan comes before anything loads
     out = Path(config.out).expanduser().absolute()
     job = _Job(
         config=config,
         source_dir=inputs.source_dir,
         source_config=inputs.source_config,
         recipe=inputs.recipe,
-        shards=inputs.shards,
+        run_plan=run_plan,
         contents=plan_contents(inputs.source_dir, inputs.head_dir, config.include),
         out=out,
         progress=progress or NoProgress(),
         started=started,
         on_stage=on_stage or (lambda _stage: None),
+        timings=timings,
     )
     job.on_stage("checked")
     with output_write_errors(out), staged_folder(out, command="quantize", overwrite=config.overwrite) as partial:
@@ -158,21 +156,16 @@ def quantize(
 def _run(job: _Job, partial: Path) -> QuantizeResult:
     """Everything written into `partial`, the manifest last; publishing it is `staged_folder`'s."""
     config, progress, timings = job.config, job.progress, job.timings
-    source_dir, recipe = job.source_dir, job.recipe
-    with timed(timings, "setup"):  # mostly importing torch, transformers and llm-compressor
-        device = config.device
-        if device.startswith("cuda"):
-            import torch
+    source_dir, recipe, plan, streaming = job.source_dir, job.recipe, job.run_plan.plan, job.run_plan.streaming
+    device = config.device
+    if device.startswith("cuda"):
+        import torch
 
-            torch.cuda.reset_peak_memory_stats()
-        recipe_obj = parse_recipe(recipe.text)  # a bad modifier fails here, before the model loads
-        needs_calibration = recipe_needs_calibration(recipe_obj)
+        torch.cuda.reset_peak_memory_stats()
 
     calibration = CalibrationSummary.unused(config.max_seq_len)
-    notes: list[str] = []
+    notes = list(job.run_plan.notes)
     hashed: dict[str, dict[str, Any]] = {}
-    with timed(timings, "plan"):
-        streaming = _streaming_plan(job, recipe_obj, notes)
     if streaming is not None:
         if config.calibration_file is not None or config.calibration_records is not None:
             notes.append("this scheme needs no calibration data; --calibration/--calibration-records unused")
@@ -180,18 +173,19 @@ def _run(job: _Job, partial: Path) -> QuantizeResult:
         if left:
             notes.append(f"{left} checkpoint tensor(s) the model does not define left out, as loading it would")
         job.on_stage("loaded")
-        plan = streaming.plan
         with timed(timings, "quantize"):
             hashed = stream_quantize(streaming, source_dir, partial, device, progress)
-            recipe_obj.yaml(file_path=str(partial / "recipe.yaml"))  # what oneshot's save_pretrained writes
-        job.on_stage("saved")
+        write_recipe_file(partial, recipe)
     else:
-        del timings["plan"]
-        setup = timings["setup"]
+        setup = timings["setup"] + timings.pop("plan")  # as before the plan came first: it counts as setup here
         with timed(timings, "setup"):  # only oneshot needs the tokenizer (streaming copies its files as they are)
             tokenizer = load_tokenizer(source_dir)
         timings["setup"] += setup
-        plan, calibration = _oneshot(job, partial, recipe_obj, needs_calibration, tokenizer, notes)
+        calibration = _oneshot(job, partial, tokenizer, notes)
+        # What llm-compressor's own save appended the recipe to: a recipe.yaml of the source it loaded.
+        appended_to = source_dir / RECIPE_FILE
+        write_recipe_file(partial, recipe, appended_to if appended_to.is_file() else None)
+    job.on_stage("saved")
 
     with timed(timings, "copy"):
         copy_release_files(source_dir, job.contents, partial)
@@ -207,7 +201,7 @@ def _run(job: _Job, partial: Path) -> QuantizeResult:
             scheme=recipe.scheme,
             recipe=_recipe_entry(recipe),
             calibration=calibration.to_dict(),
-            run=_run_entry(config, device, timings, "streaming" if streaming is not None else "oneshot"),
+            run=_run_entry(config, device, timings, job.run_plan.path),
             included=[entry.to_dict() for entry in job.contents.included],
             exclude=(OWNER_FILE,),
             on_hashed=lambda _name: progress.advance(tasks.COPYING),
@@ -228,20 +222,19 @@ def _run(job: _Job, partial: Path) -> QuantizeResult:
         peak_gpu_bytes=peak_gpu_bytes(device),
         source_bytes=backbone_bytes(source_dir),
         out_bytes=backbone_bytes(partial),
-        path="streaming" if streaming is not None else "oneshot",
+        path=job.run_plan.path,
         notes=notes,
         warnings=job.contents.warnings(),
     )
 
 
-def _oneshot(
-    job: _Job, partial: Path, recipe_obj: Any, needs_calibration: bool, tokenizer: Any, notes: list[str]
-) -> tuple[QuantPlan, CalibrationSummary]:
+def _oneshot(job: _Job, partial: Path, tokenizer: Any, notes: list[str]) -> CalibrationSummary:
     """Load the backbone, quantize it with `oneshot` (calibrating when the recipe needs it) and save it."""
-    config, progress, timings, recipe = job.config, job.progress, job.timings, job.recipe
+    config, progress, timings = job.config, job.progress, job.timings
+    modifiers = job.recipe.compressor_recipe
     dataloader = None
     calibration = CalibrationSummary.unused(config.max_seq_len)
-    if needs_calibration:
+    if recipe_needs_calibration(modifiers):
         # Encoded before the model loads: bad or unusable records fail in seconds, not after a 20 GB load.
         with timed(timings, "encode_calibration"):
             calibration_set = build_calibration(
@@ -262,35 +255,15 @@ def _oneshot(
         progress.finish(tasks.LOADING)
     job.on_stage("loaded")
 
-    plan = plan_quantization(model, recipe_obj)
-
     with timed(timings, "quantize"):
-        run_oneshot(model, recipe_obj, dataloader, tokenizer, progress, job.on_stage)
+        run_oneshot(model, modifiers, dataloader, tokenizer, progress, job.on_stage)
 
     with timed(timings, "save"):
         progress.start(tasks.SAVING)
-        model.save_pretrained(str(partial), save_compressed=True)
-        if recipe.scheme == AUTO_SCHEME:  # keep the per-layer comments saying why each unit got its scheme
-            (partial / "recipe.yaml").write_text(recipe.text, encoding="utf-8")
+        save_compressed(model, partial)
         progress.finish(tasks.SAVING)
     del model
-    job.on_stage("saved")
-    return plan, calibration
-
-
-def _streaming_plan(job: _Job, recipe_obj: Any, notes: list[str]) -> StreamingPlan | None:
-    """The streaming plan when this run streams (`streaming` asked, or by default for the schemes where it is
-    exact), else None; `--streaming` on a recipe that cannot stream exactly is an error saying why."""
-    wanted = job.config.streaming
-    if wanted is False or (wanted is None and job.recipe.scheme not in registry.schemes().streaming_default()):
-        return None
-    try:
-        return plan_streaming(job.source_dir, job.source_config, recipe_obj, job.shards)
-    except NotStreamable as exc:
-        if wanted:
-            raise QuantizeError(f"--streaming: this cannot be quantized without loading the model: {exc}") from None
-        notes.append(f"quantized with the model loaded ({exc})")
-        return None
+    return calibration
 
 
 # -- manifest entries ------------------------------------------------------------------------------------------
@@ -305,9 +278,7 @@ def _source_entry(config: QuantizeConfig, source_dir: Path) -> dict[str, Any]:
 
 
 def _recipe_entry(recipe: Recipe) -> dict[str, Any]:
-    # A --recipe file given with --scheme wins over the scheme's own: only the shipped file itself counts as shipped.
-    shipped = recipe.scheme in registry.schemes().names and str(recipe.path) == str(scheme_recipe_path(recipe.scheme))
-    return {"file": str(recipe.path), "text": recipe.text, "variables": recipe.variables, "shipped": shipped}
+    return {"file": str(recipe.path), "text": recipe.text, "variables": recipe.variables, "shipped": recipe.shipped}
 
 
 def _run_entry(config: QuantizeConfig, device: str, timings: dict[str, float], path: str) -> dict[str, Any]:

@@ -98,17 +98,20 @@ def plan_streaming(
     source_config: ReleaseConfig | Mapping[str, Any],
     recipe_obj: Any,
     source: ShardedSource | None = None,
+    model: Any = None,
+    plan: QuantPlan | None = None,
 ) -> StreamingPlan:
     """Resolve the recipe against the meta model and the checkpoint's tensors (`source`, checked already, or read
-    here); NotStreamable when streaming would not give exactly what oneshot gives."""
+    here; `model` and its `plan`, made already, or made here); NotStreamable when streaming would not give exactly
+    what oneshot gives."""
     import torch
 
     problem = streaming_problem(recipe_obj)
     if problem is not None:
         raise NotStreamable(problem)
     source = source or sharded_source(source_dir)
-    model = meta_model(source_dir, source_config)
-    plan = plan_quantization(model, recipe_obj)
+    model = model if model is not None else meta_model(source_dir, source_config)
+    plan = plan if plan is not None else plan_quantization(model, recipe_obj)
 
     state_keys = set(model.state_dict().keys())
     missing = sorted(state_keys - set(source.weight_map))
