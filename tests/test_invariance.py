@@ -149,7 +149,9 @@ def test_two_eval_runs_store_the_same_probabilities(tiny_dir: Path, quantized_di
             max_model_len=EVAL_MAX_LEN,
         )
         with small_kv_cache() as kv_cache:
-            run = run_eval(config, engines=engines(max_model_len=EVAL_MAX_LEN, enforce_eager=True, **kv_cache))
+            run = run_eval(
+                config, engines=engines.from_keywords(max_model_len=EVAL_MAX_LEN, enforce_eager=True, **kv_cache)
+            )
         assert run.reused == 0
         runs.append(stored_probabilities(config.out))
     first, second = runs
