@@ -47,11 +47,16 @@ def bench() -> None:
     """A callback keeps `bench` a group of commands while it holds only one."""
 
 
-app.command("head")(head.head)
-app.command("serve")(serve.serve)
-app.command("modes")(modes.modes)
-app.command("throughput")(throughput.throughput)
-app.command("quantize")(quantize.quantize)
-app.command("quantize-vs-plain")(quantize_vs_plain.quantize_vs_plain)
-app.command("workloads")(workloads.workloads)
-app.command("latency")(latency.latency)
+# One module per command, in the order --help lists them.
+COMMANDS = {
+    "head": head.head,
+    "serve": serve.serve,
+    "modes": modes.modes,
+    "throughput": throughput.throughput,
+    "quantize": quantize.quantize,
+    "quantize-vs-plain": quantize_vs_plain.quantize_vs_plain,
+    "workloads": workloads.workloads,
+    "latency": latency.latency,
+}
+for name, command in COMMANDS.items():
+    app.command(name)(command)
