@@ -24,7 +24,7 @@ import httpx
 import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from servers import ENGINE_FLAGS, SHARED_AUTH, systemone
+from servers import ENGINE_FLAGS, SHARED_AUTH
 from workloads import short_requests
 
 from clef_quant.bench.processes import free_port, server_env, systemone_command, wait_healthy
@@ -127,31 +127,21 @@ def post_all(url: str, bodies: list[dict], headers: dict[str, str] | None = None
 
 
 @pytest.mark.slow
-def test_data_parallel_engines_answer_as_one_engine(
+def test_data_parallel_engines_answer_as_one_engine_and_end_together(
     tiny_dir: Path, shared_systemone, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each engine is a whole copy running the same kernels with as many threads (one core each here; vLLM's own
-    binding gives a lone engine one core of two too), so an answer does not depend on the engine it lands on."""
+    binding gives a lone engine one core of two too), so an answer does not depend on the engine it lands on.
+
+    Then one of the two engines is killed under load: the requests in flight get their 503, the server exits with
+    status 3 so that a supervisor restarts it, and no engine process is left behind. Who notices first varies: the
+    server's own watcher (every 0.5 s, which ends the orphaned rank at once), or vLLM (whose process manager first
+    waits out a 5-second grace on that rank). The exit time is only reported, since two loaded cores stretch it."""
     # vLLM logs the binding at INFO; a `clef-quant eval` run in this process earlier left its quiet level here.
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     bodies = short_requests(6, seed=5)
-    with systemone(tiny_dir, tmp_path / "dp2.log", "--dp", "2", *ENGINE_FLAGS) as (url, _):
-        answers = post_all(url, bodies)
-        served = engine_requests(url)
-    bound = re.findall(r"core ids=\[([0-9, ]*)\]", (tmp_path / "dp2.log").read_text())
-    assert len(bound) == 2 and not set(bound[0].split(", ")) & set(bound[1].split(", ")), bound
-    # Both engines answered: the warm-up's request each, and the burst split between them.
-    assert sorted(served) == ["0", "1"] and min(served.values()) >= 2 and sum(served.values()) == 2 + len(bodies)
-    assert answers == post_all(shared_systemone.url, bodies, SHARED_AUTH)
-
-
-@pytest.mark.slow
-def test_a_dead_data_parallel_engine_ends_the_server_and_every_engine_process(tiny_dir: Path, tmp_path: Path) -> None:
-    """One of two engines killed mid-load: the requests in flight get their 503, the server exits with status 3 so
-    that a supervisor restarts it, and no engine process is left behind. Who notices first varies: the server's own
-    watcher (every 0.5 s, which ends the orphaned rank at once), or vLLM (whose process manager first waits out a
-    5-second grace on that rank). The exit time is only reported, since two loaded cores stretch it."""
     port = free_port()
+    url = f"http://127.0.0.1:{port}"
     log = tmp_path / "dp2.log"
     with log.open("wb") as out:
         command = systemone_command(tiny_dir, port, "--dp", "2", *ENGINE_FLAGS)
@@ -163,18 +153,28 @@ def test_a_dead_data_parallel_engine_ends_the_server_and_every_engine_process(ti
             started = psutil.Process(process.pid).children(recursive=True)
             cores = [p for p in started if "EngineCore" in " ".join(p.cmdline())]
             assert len(cores) == 2, [p.cmdline() for p in started]
-            answers: list[httpx.Response | Exception] = []
+            answers = post_all(url, bodies)
+            served = engine_requests(url)
+            bound = re.findall(r"core ids=\[([0-9, ]*)\]", log.read_text(errors="replace"))
+            assert len(bound) == 2 and not set(bound[0].split(", ")) & set(bound[1].split(", ")), bound
+            # Both engines answered: the warm-up's request each, and the burst split between them.
+            assert (
+                sorted(served) == ["0", "1"] and min(served.values()) >= 2 and sum(served.values()) == 2 + len(bodies)
+            )
+            assert answers == post_all(shared_systemone.url, bodies, SHARED_AUTH)
+
+            in_flight: list[httpx.Response | Exception] = []
 
             def post(body: dict) -> None:
                 try:
-                    answers.append(httpx.post(f"http://127.0.0.1:{port}/v1/systemone", json=body, timeout=60))
+                    in_flight.append(httpx.post(f"{url}/v1/systemone", json=body, timeout=60))
                 except httpx.TransportError as exc:
-                    answers.append(exc)
+                    in_flight.append(exc)
 
             threads = [threading.Thread(target=post, args=(body,)) for body in short_requests(24, seed=3)]
             for thread in threads:
                 thread.start()
-            while not answers:  # the rest are queued or running now
+            while not in_flight:  # the rest are queued or running now
                 time.sleep(0.005)
             killed = time.monotonic()
             cores[0].kill()
@@ -187,7 +187,7 @@ def test_a_dead_data_parallel_engine_ends_the_server_and_every_engine_process(ti
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     assert status == EXIT_ENGINE_DIED, f"status {status}, {ended:.1f} s after the kill"
-    codes = [a.status_code if isinstance(a, httpx.Response) else repr(a) for a in answers]
+    codes = [a.status_code if isinstance(a, httpx.Response) else repr(a) for a in in_flight]
     assert set(codes) <= {200, 503} and 503 in codes, codes
     _, alive = psutil.wait_procs(started, timeout=10)
     assert not alive, [(p.pid, p.name()) for p in alive]
