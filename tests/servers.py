@@ -50,6 +50,9 @@ def systemone(model: Path, log: Path, *flags: str) -> Iterator[tuple[str, list[i
 # instead of one per module. Modules whose tests need other flags, or that end the server, start their own.
 SHARED_API_KEY = "test-key"
 SHARED_AUTH = {"Authorization": f"Bearer {SHARED_API_KEY}"}
+# Media limits small enough that the tests of refusals reach them with small files.
+MEDIA_FLAGS = ["--limit-images", "3", "--limit-videos", "1", "--max-video-frames", "8"]
+SHARED_FLAGS = ["--api-key", SHARED_API_KEY, *MEDIA_FLAGS, *ENGINE_FLAGS]
 # What a client sends while the engine loads; the answers are kept for the tests of that phase.
 PROBE = {
     "state": {"ticket": "I was charged twice for one order. " * 40},
@@ -67,6 +70,7 @@ class StartedServer:
     log: Path
     health_while_starting: list[int]  # the /health codes answered until the first 200
     answers_while_loading: list[httpx.Response]  # the non-200 answers to PROBE posted before the engine was ready
+    metrics_while_loading: list[str]  # /metrics as a scraper read it while /health still answered 503
 
 
 @contextmanager
@@ -80,12 +84,19 @@ def observed_systemone(
     answers: list[httpx.Response] = []
     stop = threading.Event()
 
+    metrics: list[str] = []
+
     def post_while_loading() -> None:
-        while not stop.is_set() and len(answers) < 3:
+        while not stop.is_set() and (len(answers) < 3 or not metrics):
             with contextlib.suppress(httpx.TransportError):
-                response = httpx.post(f"{url}/v1/systemone", json=PROBE, headers=SHARED_AUTH, timeout=5)
-                if response.status_code != 200:
-                    answers.append(response)
+                if len(answers) < 3:
+                    response = httpx.post(f"{url}/v1/systemone", json=PROBE, headers=SHARED_AUTH, timeout=5)
+                    if response.status_code != 200:
+                        answers.append(response)
+                if not metrics:
+                    scraped = httpx.get(f"{url}/metrics", timeout=5)
+                    if scraped.status_code == 200 and httpx.get(f"{url}/health", timeout=5).status_code == 503:
+                        metrics.append(scraped.text)
             time.sleep(0.3)
 
     poller = threading.Thread(target=post_while_loading, daemon=True)
@@ -94,6 +105,6 @@ def observed_systemone(
         with running(systemone_command(model, port, *flags), port, log, env) as statuses:
             stop.set()
             poller.join()
-            yield StartedServer(url, log, statuses, answers)
+            yield StartedServer(url, log, statuses, answers, metrics)
     finally:
         stop.set()

@@ -1,6 +1,7 @@
 """`clef-systemone` under load, as one real process on loopback: answers that do not move with what else is in
 flight, a 12 MB state answered beside small requests, memory that comes back, truncation made
-visible, and an exit the supervisor sees when the engine dies (the last test: it ends the module's server).
+visible, and an engine death that /metrics shows before the server exits with a status a supervisor sees (the last
+test: it ends the module's server).
 
 The server reads at most 4096 tokens: on two cores a 16K-token prefill of even the tiny model takes seconds, and
 what is shown (a 12 MB state costs one full-length prefill) does not depend on the length."""
@@ -24,6 +25,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from workloads import short_requests
 
 from clef_quant.bench.processes import free_port, server_env, systemone_command, wait_healthy
@@ -216,7 +218,19 @@ def engine_core(server: Server) -> psutil.Process:
     return cores[0]
 
 
-def test_engine_death_answers_503_then_the_server_exits_non_zero(server: Server, sequential: Any) -> None:
+def engine_state(metrics: str) -> dict[str, float]:
+    """`clef_engine_state` by state, read with prometheus_client's parser."""
+    return {
+        sample.labels["state"]: sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "clef_engine_state"
+    }
+
+
+def test_engine_death_shows_on_metrics_answers_503_then_the_server_exits_non_zero(
+    server: Server, sequential: Any
+) -> None:
     bodies, _ = sequential
     in_flight: list[httpx.Response] = []
     # Many more requests than finish in a moment (one prompt per engine step), and the kill as soon as the first
@@ -229,6 +243,13 @@ def test_engine_death_answers_503_then_the_server_exits_non_zero(server: Server,
     while not in_flight and time.monotonic() < deadline:
         time.sleep(0.005)
     engine_core(server).kill()
+    # A scraper sees the engine dead while the server still answers (it exits a grace period later).
+    states: list[dict[str, float]] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not states or states[-1]["dead"] != 1.0):
+        states.append(engine_state(httpx.get(f"{server.url}/metrics", timeout=30).text))
+        time.sleep(0.05)
+    assert states[-1] == {"starting": 0.0, "ready": 0.0, "dead": 1.0}, states
     for thread in threads:
         thread.join()
     assert {r.status_code for r in in_flight} <= {200, 503} and 503 in {r.status_code for r in in_flight}

@@ -8,8 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from media_files import b64, image_b64, image_bytes, video_b64, video_bytes
-from servers import ENGINE_FLAGS
-from servers import systemone as start_systemone
+from servers import SHARED_AUTH, StartedServer
 from test_media import png_bomb
 
 from clef_quant.bench.workload import image_requests
@@ -30,16 +29,14 @@ def body(**media) -> dict:
 
 def post(url: str, request, **kwargs) -> httpx.Response:
     content = request if isinstance(request, (bytes, str)) else json.dumps(request)
-    return httpx.post(
-        f"{url}/v1/systemone", content=content, headers={"Content-Type": "application/json"}, timeout=120, **kwargs
-    )
+    headers = {"Content-Type": "application/json", **SHARED_AUTH}  # vllm serve, which has no key, ignores it
+    return httpx.post(f"{url}/v1/systemone", content=content, headers=headers, timeout=120, **kwargs)
 
 
 @pytest.fixture(scope="module")
-def systemone(tiny_dir, tmp_path_factory):
-    flags = ["--limit-images", "3", "--limit-videos", "1", "--max-video-frames", "8", *ENGINE_FLAGS]
-    with start_systemone(tiny_dir, tmp_path_factory.mktemp("logs") / "s1.log", *flags) as (url, _):
-        yield url
+def systemone(shared_systemone: StartedServer) -> str:
+    """The session's shared server: its media limits are the ones the refusals below reach."""
+    return shared_systemone.url
 
 
 def assert_answered_with_media(url: str, requests: list[dict]) -> None:
@@ -74,11 +71,15 @@ def test_multipart_request_with_image_parts(systemone):
     multipart = dict(json_body, images=[{"part": "photo", "format": "png"}])
     files = {"photo": ("photo.png", image_bytes(), "image/png")}
     response = httpx.post(
-        f"{systemone}/v1/systemone", data={"request": json.dumps(multipart)}, files=files, timeout=120
+        f"{systemone}/v1/systemone",
+        data={"request": json.dumps(multipart)},
+        files=files,
+        headers=SHARED_AUTH,
+        timeout=120,
     )
     assert response.status_code == 200, response.text
     assert response.json() == as_json
-    missing = httpx.post(f"{systemone}/v1/systemone", files=files, timeout=120)
+    missing = httpx.post(f"{systemone}/v1/systemone", files=files, headers=SHARED_AUTH, timeout=120)
     assert missing.status_code == 400
     assert 'part named "request"' in missing.json()["error"]["message"]
 

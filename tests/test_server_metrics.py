@@ -1,14 +1,11 @@
-"""`GET /metrics` of a real `clef-systemone` process, read with prometheus_client's own parser: counters that
-move with requests, latency histograms, queue depth, prompt tokens, the engine's state from loading to death,
-vLLM's engine metrics, and the key rule of /health. The last test kills the module's engine."""
+"""`GET /metrics` of a real `clef-systemone` process (the session's shared server), read with prometheus_client's
+own parser: counters that move with requests, latency histograms, queue depth, prompt tokens, the engine's state
+from loading to ready, vLLM's engine metrics, and the key rule of /health. The engine's death on /metrics is
+checked where a module's own server is killed (test_server_load.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -18,19 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from servers import ENGINE_FLAGS
+from servers import SHARED_API_KEY, StartedServer
 from workloads import TEST_STATE_WORDS, short_requests
 
-from clef_quant.bench.processes import free_port, server_env, systemone_command, wait_healthy
 from clef_quant.bench.workload import varied_requests
 
-# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
-pytestmark = [pytest.mark.slow, pytest.mark.unit(order=140)]
+# One unit of work with the other modules on the session's shared servers (tests/plugins/shared_servers.py),
+# whose API key the requests here carry.
+pytestmark = [pytest.mark.slow, pytest.mark.unit("shared-servers", order=20)]
 
-API_KEY = "test-key"
+API_KEY = SHARED_API_KEY
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 WORKERS_AI = "/accounts/{account}/ai/run/@cf/cloudflare/clef-flash"
 WORKERS_AI_TEMPLATE = "/accounts/{account_id}/ai/run/@cf/cloudflare/{name}"
@@ -55,8 +51,6 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 @dataclass
 class Server:
     url: str
-    process: subprocess.Popen
-    log: Path
     while_loading: list[Samples]
 
     def scrape(self, headers: dict[str, str] | None = None) -> Samples:
@@ -72,38 +66,10 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path_factory.mktemp("logs") / "systemone.log"
-    while_loading: list[Samples] = []
-    stop = threading.Event()
-
-    def scrape_while_loading() -> None:  # what a scraper sees before the model is ready
-        while not stop.is_set():
-            with contextlib.suppress(httpx.TransportError):
-                response = httpx.get(f"{url}/metrics", timeout=5)
-                if response.status_code == 200 and httpx.get(f"{url}/health", timeout=5).status_code == 503:
-                    while_loading.append(parse(response.text))
-            time.sleep(0.3)
-
-    poller = threading.Thread(target=scrape_while_loading, daemon=True)
-    poller.start()
-    command = systemone_command(tiny_dir, port, "--api-key", API_KEY, *ENGINE_FLAGS)
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
-        )
-        try:
-            wait_healthy(process, port, log)
-            stop.set()
-            poller.join()
-            yield Server(url, process, log, while_loading)
-        finally:
-            stop.set()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+def server(shared_systemone: StartedServer) -> Server:
+    """The shared server, with what a scraper read while it loaded. The tests here read counters as differences,
+    since the other modules on it post too (one after another: they are one unit of work)."""
+    return Server(shared_systemone.url, [parse(text) for text in shared_systemone.metrics_while_loading])
 
 
 def engine_state(samples: Samples) -> dict[str, float]:
@@ -229,21 +195,3 @@ def test_openapi_lists_metrics_as_plain_text(server: Server) -> None:
     spec = httpx.get(f"{server.url}/openapi.json").json()
     validate(spec)
     assert set(spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
-
-
-def engine_core(server: Server) -> psutil.Process:
-    children = psutil.Process(server.process.pid).children(recursive=True)
-    cores = [child for child in children if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline())]
-    assert cores, [(c.name(), c.cmdline()) for c in children]
-    return cores[0]
-
-
-def test_metrics_show_the_engine_dead_before_the_server_exits(server: Server) -> None:
-    engine_core(server).kill()
-    seen: list[dict[str, float]] = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (not seen or seen[-1]["dead"] != 1.0):
-        seen.append(engine_state(server.scrape()))
-        time.sleep(0.05)
-    assert seen[-1] == {"starting": 0.0, "ready": 0.0, "dead": 1.0}, seen
-    server.process.wait(timeout=60)

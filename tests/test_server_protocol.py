@@ -16,7 +16,7 @@ import httpx
 import pytest
 import zstandard
 from openapi_checks import assert_limits_documented, assert_models_described
-from servers import ENGINE_FLAGS, PROBE, SHARED_API_KEY
+from servers import PROBE, SHARED_API_KEY, SHARED_FLAGS
 
 # One unit of work with the other modules on the session's shared servers (tests/plugins/shared_servers.py),
 # handed out right after the README's.
@@ -231,7 +231,7 @@ def test_openapi_document_is_valid_and_complete(server):
     validate(spec)
     assert_models_described(spec)
     # The limits of the server's own command line, which names none: each default as parse_request applies it.
-    assert_limits_documented(spec, parse_args(["--model", "m", *ENGINE_FLAGS]).limits)
+    assert_limits_documented(spec, parse_args(["--model", "m", *SHARED_FLAGS]).limits)
     for path in ("/v1/systemone", "/accounts/{account_id}/ai/run/@cf/cloudflare/{name}"):
         operation = spec["paths"][path]["post"]
         assert operation["requestBody"]["content"]["application/json"]["schema"] == {

@@ -57,7 +57,7 @@ def session_servers(
     """`start(name, tiny) -> Starting` for `shared_systemone` and `vllm_serve`. A serial run starts each one that a
     selected test uses with its first test; a worker starts one when a test first asks for it (the modules that
     use them are one unit of work, so one worker does)."""
-    from servers import ENGINE_FLAGS, SHARED_API_KEY, observed_systemone, vllm_serve
+    from servers import SHARED_FLAGS, observed_systemone, vllm_serve
 
     from clef_quant.bench.processes import server_env
 
@@ -68,7 +68,7 @@ def session_servers(
         if name not in starting:
             log = tmp_path_factory.mktemp("logs") / f"shared-{name}.log"
             if name == "shared_systemone":
-                server = observed_systemone(tiny, log, "--api-key", SHARED_API_KEY, *ENGINE_FLAGS, env=env)
+                server = observed_systemone(tiny, log, *SHARED_FLAGS, env=env)
             else:
                 server = vllm_serve(tiny, log, env=env)
             starting[name] = Starting(server)
@@ -87,7 +87,8 @@ def session_servers(
 
 @pytest.fixture(scope="session")
 def shared_systemone(session_servers: Callable[[str, Path], Starting], tiny_dir: Path) -> Any:
-    """One `clef-systemone` on the tiny checkpoint (`--api-key servers.SHARED_API_KEY`, the test engine flags),
+    """One `clef-systemone` on the tiny checkpoint (`servers.SHARED_FLAGS`: an API key, small media limits, the test
+    engine flags),
     shared by the modules that need nothing else of it (a `servers.StartedServer`). Tests must leave it serving."""
     return session_servers("shared_systemone", tiny_dir).result()
 
