@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -165,6 +167,32 @@ def test_help_lists_the_choices() -> None:
     text = CliRunner().invoke(app, ["make-tiny", "--help"]).stdout
     words = " ".join(text.replace("│", " ").split())  # the help panel wraps and frames its lines
     assert "One of tiny, small, flash, clef, clef-tiny, omni, omni-tiny." in words
+
+
+HEAVY_LIBRARIES = ("torch", "transformers", "compressed_tensors", "llmcompressor", "vllm", "safetensors")
+
+
+def test_the_cli_and_every_help_load_no_heavy_library() -> None:
+    """`clef-quant --help` and `clef-quant COMMAND --help` answer in about a second: the ML libraries (seconds to
+    import) load inside the commands that use them. A fresh process, since this one has them loaded already."""
+    script = f"""
+import sys, clef_quant.cli
+from typer.main import get_command
+from typer.testing import CliRunner
+
+def paths(command, path):
+    yield path
+    for name, sub in getattr(command, "commands", {{}}).items():
+        yield from paths(sub, [*path, name])
+
+for path in paths(get_command(clef_quant.cli.app), []):
+    shown = CliRunner().invoke(clef_quant.cli.app, [*path, "--help"])
+    assert shown.exit_code == 0 and "Usage" in shown.stdout, (path, shown.output)
+print(" ".join(m for m in {HEAVY_LIBRARIES!r} if m in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == []
 
 
 def test_numbers_read_alike_everywhere() -> None:

@@ -103,18 +103,20 @@ def upload(
 
     if not folder.is_dir():
         raise fail(f"{folder} is not a folder")
+    # Before the audit, which loads compressed-tensors and hashes every file: a missing token is answered at once.
+    token = find_token()
+    if token is None and not dry_run:
+        raise fail("no Hugging Face token: set HF_TOKEN or run `hf auth login`", hint="--dry-run needs none")
     try:
         plan = plan_upload(folder, repo_id=repo_id, private=private, revision=revision)
     except ReleaseNotReady as exc:
         for problem in exc.problems:
             typer.secho(f"refused: {problem}", fg=typer.colors.RED, err=True)
         raise fail(str(exc)) from None
-    token = find_token()
     if dry_run:
         _print_plan(plan, token is not None)
         return
-    if token is None:
-        raise fail("no Hugging Face token: set HF_TOKEN or run `hf auth login`", hint="--dry-run needs none")
+    assert token is not None  # refused above unless --dry-run
     typer.echo(f"uploading {len(plan.files)} files ({binary_size(plan.total_bytes)}) to {plan.repo_id}@{plan.revision}")
     result = push(plan, token)
     typer.echo(f"committed {result.commit_oid[:12]}: {result.commit_url}")

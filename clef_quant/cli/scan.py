@@ -20,7 +20,7 @@ from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import quantization_bars
 from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN
 from clef_quant.quantize.registry import schemes
-from clef_quant.quantize.scan import DEFAULT_CALIBRATION_RECORDS, DEFAULT_HELDOUT
+from clef_quant.quantize.scan_file import DEFAULT_CALIBRATION_RECORDS, DEFAULT_HELDOUT
 
 SHOWN = 12  # rows of the most sensitive units printed at the end
 

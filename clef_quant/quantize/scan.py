@@ -47,6 +47,8 @@ from clef_quant.quantize.errors import QuantizeError
 from clef_quant.quantize.inputs import bf16_source_config, check_device
 from clef_quant.quantize.recipes import load_recipe, num_decoder_layers
 from clef_quant.quantize.scan_file import (
+    DEFAULT_CALIBRATION_RECORDS,
+    DEFAULT_HELDOUT,
     GROUPS,
     SCAN_FORMAT,
     SCAN_JSON,
@@ -64,13 +66,6 @@ from clef_quant.release import resolve_release
 from clef_quant.release_folder.outputs import check_output_folder
 from clef_vllm.format.release_config import ReleaseConfig
 
-# The candidates are the schemes whose front matter has `scan:` (registry.py): those whose modifiers change
-# nothing but Linear weights and their quantization parameters, so a unit can be switched on alone (AWQ also
-# rescales norms, and the hybrid is already a mix). Without --scheme, the `scan: {default: true}` ones, what auto
-# needs.
-DEFAULT_HELDOUT = 8
-DEFAULT_CALIBRATION_RECORDS = 32
-
 TASK_CALIBRATE = "calibrating"
 TASK_UNITS = "scanning units"
 
@@ -79,6 +74,10 @@ TASK_UNITS = "scanning units"
 class ScanConfig:
     source: str
     out: Path
+    # The candidates are the schemes whose front matter has `scan:` (registry.py): those whose modifiers change
+    # nothing but Linear weights and their quantization parameters, so a unit can be switched on alone (AWQ also
+    # rescales norms, and the hybrid is already a mix). Without --scheme, the `scan: {default: true}` ones, what auto
+    # needs.
     schemes: tuple[str, ...] = field(default_factory=lambda: registry.schemes().default_scan())
     calibration_file: Path | None = None
     calibration_records: int = DEFAULT_CALIBRATION_RECORDS

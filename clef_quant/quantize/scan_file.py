@@ -22,6 +22,10 @@ SCAN_CSV = "scan.csv"
 SCAN_MD = "scan.md"
 SCAN_PNG = "scan.png"
 
+# Here rather than in scan.py, which loads torch: `clef-quant scan --help` shows them and must start fast.
+DEFAULT_HELDOUT = 8
+DEFAULT_CALIBRATION_RECORDS = 32
+
 # A unit's `group` and the Linear leaves of one decoder layer it quantizes together (see `scan`).
 GROUPS: dict[str, tuple[str, ...]] = {
     "deltanet": ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.out_proj"),
