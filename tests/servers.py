@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 
 from clef_quant.bench.processes import free_port, running, systemone_command
 
@@ -108,3 +109,10 @@ def observed_systemone(
             yield StartedServer(url, log, statuses, answers, metrics)
     finally:
         stop.set()
+
+
+def listening_process(url: str) -> psutil.Process:
+    """The process that accepts connections at `url` (a server's own process, where its memory is measured)."""
+    port = int(url.rsplit(":", 1)[1])
+    (pid,) = {c.pid for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+    return psutil.Process(pid)

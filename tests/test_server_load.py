@@ -1,40 +1,32 @@
-"""`clef-systemone` under load, as one real process on loopback: answers that do not move with what else is in
-flight, a 12 MB state answered beside small requests, memory that comes back, truncation made
-visible, and an engine death that /metrics shows before the server exits with a status a supervisor sees (the last
-test: it ends the module's server).
+"""`clef-systemone` under load, as one real process on loopback (the session's shared server): answers that do not
+move with what else is in flight, a 12 MB state answered beside small requests, memory that comes back, and
+truncation made visible. An engine's death under load is checked where a server is killed (test_server_parallel.py).
 
 The server reads at most 4096 tokens: on two cores a 16K-token prefill of even the tiny model takes seconds, and
 what is shown (a 12 MB state costs one full-length prefill) does not depend on the length."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import random
-import signal
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from servers import SHARED_AUTH, StartedServer, listening_process
 from workloads import short_requests
 
-from clef_quant.bench.processes import free_port, server_env, systemone_command, wait_healthy
 from clef_quant.bench.workload import WORDS, sentence
 from clef_vllm.format.state_cut import MAX_CALL_CHARS
-from clef_vllm.server.cli import EXIT_ENGINE_DIED
 
-# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
-pytestmark = [pytest.mark.slow, pytest.mark.unit(order=120)]
+# One unit of work with the other modules on the session's shared servers (tests/plugins/shared_servers.py): the
+# requests here are the only ones in flight while these tests run.
+pytestmark = [pytest.mark.slow, pytest.mark.unit("shared-servers", order=20)]
 
 MAX_LEN = 4096
 CLIENTS = 64
@@ -46,33 +38,18 @@ EXACT = "x-clef-state-tokens-dropped-exact"
 @dataclass
 class Server:
     url: str
-    process: subprocess.Popen
-    log: Path
+    process: psutil.Process  # the server's own process (not its engine's)
 
 
 @pytest.fixture(scope="module")
-def server(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("logs") / "systemone.log"
-    command = systemone_command(tiny_dir, port, "--max-model-len", str(MAX_LEN), "--enforce-eager")
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
-        )
-        try:
-            wait_healthy(process, port, log)
-            yield Server(f"http://127.0.0.1:{port}", process, log)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+def server(shared_systemone: StartedServer) -> Server:
+    return Server(shared_systemone.url, listening_process(shared_systemone.url))
 
 
 def post(url: str, body: Any, timeout: float = 300) -> httpx.Response:
     content = body if isinstance(body, (bytes, Iterator)) else json.dumps(body)
-    return httpx.post(
-        f"{url}/v1/systemone", content=content, headers={"Content-Type": "application/json"}, timeout=timeout
-    )
+    headers = {"Content-Type": "application/json", **SHARED_AUTH}
+    return httpx.post(f"{url}/v1/systemone", content=content, headers=headers, timeout=timeout)
 
 
 def every_type(rng: random.Random) -> dict[str, Any]:
@@ -200,7 +177,7 @@ def test_a_12_mb_state_is_answered_beside_small_requests_with_an_estimated_drop_
 
 
 def test_memory_comes_back_after_large_requests(server: Server) -> None:
-    process = psutil.Process(server.process.pid)
+    process = server.process
     huge = huge_body()
     for _ in range(2):
         assert post(server.url, huge).status_code == 200
@@ -209,57 +186,3 @@ def test_memory_comes_back_after_large_requests(server: Server) -> None:
         assert post(server.url, huge).status_code == 200
     growth = process.memory_info().rss - baseline
     assert growth < 100 * 1024 * 1024, f"resident memory grew by {growth / 2**20:.0f} MiB over 6 requests of 12 MB"
-
-
-def engine_core(server: Server) -> psutil.Process:
-    children = psutil.Process(server.process.pid).children(recursive=True)
-    cores = [child for child in children if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline())]
-    assert cores, [(c.name(), c.cmdline()) for c in children]
-    return cores[0]
-
-
-def engine_state(metrics: str) -> dict[str, float]:
-    """`clef_engine_state` by state, read with prometheus_client's parser."""
-    return {
-        sample.labels["state"]: sample.value
-        for family in text_string_to_metric_families(metrics)
-        for sample in family.samples
-        if sample.name == "clef_engine_state"
-    }
-
-
-def test_engine_death_shows_on_metrics_answers_503_then_the_server_exits_non_zero(
-    server: Server, sequential: Any
-) -> None:
-    bodies, _ = sequential
-    in_flight: list[httpx.Response] = []
-    # Many more requests than finish in a moment (one prompt per engine step), and the kill as soon as the first
-    # answer is back: the rest are then surely queued or running, however fast this machine is today.
-    waiting = bodies * 2
-    threads = [threading.Thread(target=lambda b=b: in_flight.append(post(server.url, b))) for b in waiting]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 60
-    while not in_flight and time.monotonic() < deadline:
-        time.sleep(0.005)
-    engine_core(server).kill()
-    # A scraper sees the engine dead while the server still answers (it exits a grace period later).
-    states: list[dict[str, float]] = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (not states or states[-1]["dead"] != 1.0):
-        states.append(engine_state(httpx.get(f"{server.url}/metrics", timeout=30).text))
-        time.sleep(0.05)
-    assert states[-1] == {"starting": 0.0, "ready": 0.0, "dead": 1.0}, states
-    for thread in threads:
-        thread.join()
-    assert {r.status_code for r in in_flight} <= {200, 503} and 503 in {r.status_code for r in in_flight}
-    for response in in_flight:
-        if response.status_code == 503:
-            assert response.json()["error"]["type"] == "service_unavailable"
-    try:
-        assert post(server.url, bodies[0], timeout=10).status_code == 503
-        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 503
-    except httpx.TransportError:
-        pass  # already gone: the exit below is what a supervisor acts on
-    assert server.process.wait(timeout=60) == EXIT_ENGINE_DIED
-    assert "the engine has stopped" in server.log.read_text()

@@ -1,7 +1,7 @@
 """`GET /metrics` of a real `clef-systemone` process (the session's shared server), read with prometheus_client's
 own parser: counters that move with requests, latency histograms, queue depth, prompt tokens, the engine's state
 from loading to ready, vLLM's engine metrics, and the key rule of /health. The engine's death on /metrics is
-checked where a module's own server is killed (test_server_load.py)."""
+checked where a server is killed (test_server_parallel.py)."""
 
 from __future__ import annotations
 

@@ -109,6 +109,16 @@ def engine_requests(url: str) -> dict[str, float]:
     return done
 
 
+def engine_state(metrics: str) -> dict[str, float]:
+    """`clef_engine_state` by state, read with prometheus_client's parser."""
+    return {
+        sample.labels["state"]: sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "clef_engine_state"
+    }
+
+
 def post_all(url: str, bodies: list[dict], headers: dict[str, str] | None = None) -> list[dict]:
     """The bodies sent at once (vLLM spreads a burst over its engines); the answers in order."""
 
@@ -133,8 +143,9 @@ def test_data_parallel_engines_answer_as_one_engine_and_end_together(
     """Each engine is a whole copy running the same kernels with as many threads (one core each here; vLLM's own
     binding gives a lone engine one core of two too), so an answer does not depend on the engine it lands on.
 
-    Then one of the two engines is killed under load: requests get a 503 until the server is gone, which exits with
-    status 3 so that a supervisor restarts it, and no engine process is left behind. Who notices first varies: the
+    Then one of the two engines is killed under load: /metrics shows the engine dead, requests get a 503 until the
+    server is gone, which exits with status 3 so that a supervisor restarts it, and no engine process is left
+    behind. Who notices first varies: the
     server's own watcher (every 0.5 s, which ends the orphaned rank at once), or vLLM (whose process manager first
     waits out a 5-second grace on that rank). The exit time is only reported, since two loaded cores stretch it."""
     # vLLM logs the binding at INFO; a `clef-quant eval` run in this process earlier left its quiet level here.
@@ -183,6 +194,12 @@ def test_data_parallel_engines_answer_as_one_engine_and_end_together(
                 time.sleep(0.005)
             killed = time.monotonic()
             cores[0].kill()
+            # A scraper sees the engine dead while the server still answers (it exits a grace period later).
+            states: list[dict[str, float]] = []
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and (not states or states[-1]["dead"] != 1.0):
+                states.append(engine_state(httpx.get(f"{url}/metrics", timeout=30).text))
+                time.sleep(0.05)
             status = process.wait(timeout=60)
             ended = time.monotonic() - killed
             gone.set()
@@ -193,8 +210,12 @@ def test_data_parallel_engines_answer_as_one_engine_and_end_together(
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
     assert status == EXIT_ENGINE_DIED, f"status {status}, {ended:.1f} s after the kill"
+    assert states[-1] == {"starting": 0.0, "ready": 0.0, "dead": 1.0}, states
+    assert "the engine has stopped" in log.read_text(errors="replace")
     # Answers until the server closed its socket: 200 before the engine's death, 503 after it.
-    codes = [a.status_code for a in in_flight if isinstance(a, httpx.Response)]
+    answered = [a for a in in_flight if isinstance(a, httpx.Response)]
+    codes = [a.status_code for a in answered]
     assert set(codes) <= {200, 503} and 503 in codes, codes
+    assert {a.json()["error"]["type"] for a in answered if a.status_code == 503} == {"service_unavailable"}
     _, alive = psutil.wait_procs(started, timeout=10)
     assert not alive, [(p.pid, p.name()) for p in alive]
