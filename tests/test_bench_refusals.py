@@ -36,7 +36,7 @@ def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def started(*args: object, **kwargs: object) -> None:
         raise AssertionError("work started before the refusal")
 
-    monkeypatch.setattr(clef_vllm.engine.ClefEngine, "__init__", started)
+    monkeypatch.setattr(clef_vllm.engine.ClefEngine, "_start", started)  # both ways in, from_settings too
     monkeypatch.setattr(clef_quant.bench.flide_workloads, "flide_workloads", started)
     monkeypatch.setattr(processes, "running", started)
 

@@ -166,7 +166,8 @@ def test_benchmarks_refuse_engine_settings_before_any_engine_starts(
     def started(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("an engine started before the refusal")
 
-    monkeypatch.setattr(clef_vllm.engine.ClefEngine, "__init__", started)
+    # Both ways in (`ClefEngine(...)` and `ClefEngine.from_settings`, the benchmarks') start through `_start`.
+    monkeypatch.setattr(clef_vllm.engine.ClefEngine, "_start", started)
     args = [part.format(tiny=tiny_dir, tmp=tmp_path, data=data_dir) for part in command]
     result = CliRunner().invoke(app, [*args, "--enforce-eager", "--engine-arg", value])
     assert result.exit_code == 2, result.output

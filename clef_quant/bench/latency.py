@@ -14,20 +14,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
+from clef_quant.bench.engine_record import recorded_engine
 from clef_quant.bench.errors import BenchError
 from clef_quant.bench.flide_workloads import FlideWorkload
-from clef_quant.bench.modes import MODES, failure_line, median, percentile, started_engine
+from clef_quant.bench.modes import MODES, failure_line, median, mode_settings, percentile, started_engine
 from clef_quant.bench.releases import row_name
 from clef_quant.families import family_of_folder
 from clef_quant.formatting import utc_minute
 from clef_quant.progress import Progress, Stages
 from clef_quant.release_folder.versions import SCORING_TOOLS, tool_versions
 from clef_vllm.format.answers import response_from_logits
-from clef_vllm.format.request import DEFAULT_LIMITS
+
+if TYPE_CHECKING:
+    from clef_vllm.engine.engine_settings import EngineSettings
 
 
 class WorkloadLatency(BaseModel):
@@ -103,8 +106,9 @@ def latency_runs(folders: list[Path], max_model_len: int) -> list[tuple[ReleaseL
     return runs
 
 
-def starting_result(command: str, *, repeats: int, max_model_len: int, engine_kwargs: dict[str, Any]) -> LatencyResult:
-    """The empty result of a run, on the machine the engines run on."""
+def starting_result(command: str, *, repeats: int, settings: EngineSettings) -> LatencyResult:
+    """The empty result of a run with the engine `settings` each release gets, on the machine the engines run
+    on."""
     from clef_quant.bench.environment import engine_device, machine_name
 
     return LatencyResult(
@@ -113,8 +117,8 @@ def starting_result(command: str, *, repeats: int, max_model_len: int, engine_kw
         versions=tool_versions(SCORING_TOOLS, source_trees=True),
         command=command,
         repeats=repeats,
-        max_model_len=max_model_len,
-        engine={key: repr(value) for key, value in engine_kwargs.items()},
+        max_model_len=settings.max_model_len,
+        engine=recorded_engine(settings),
     )
 
 
@@ -154,12 +158,13 @@ def run_latency(
     releases: list[tuple[ReleaseLatency, list[FlideWorkload]]],
     result: LatencyResult,
     save: Callable[[], object],
+    settings: EngineSettings,
     *,
-    engine_kwargs: dict[str, Any] | None = None,
     progress: Progress | None = None,
 ) -> LatencyResult:
-    """Each release's engine in turn: started, measured on its workloads, stopped; `save` writes `result` after
-    every workload. A release that fails keeps its error in the result and the next one runs."""
+    """Each release's engine in turn, `settings` for its folder: started, measured on its workloads, stopped;
+    `save` writes `result` after every workload. A release that fails keeps its error in the result and the next
+    one runs. Images stay allowed (the gqa workload holds one), unlike the text-only engines of `bench modes`."""
     stage = Stages(progress)
     for run, workloads in releases:
         stage(f"{run.release}: starting the engine")
@@ -167,9 +172,7 @@ def run_latency(
         start = time.perf_counter()
         try:
             mode = MODES["invariant"]
-            with started_engine(
-                Path(run.release), mode, result.max_model_len, dict(engine_kwargs or {}), limits=DEFAULT_LIMITS
-            ) as engine:
+            with started_engine(mode_settings(settings.for_model(run.release), mode), mode) as engine:
                 run.start_s = time.perf_counter() - start
                 stage(f"{run.release}: timing {len(workloads)} workloads")
                 measure_workloads(engine, workloads, run, repeats=result.repeats, save=save)

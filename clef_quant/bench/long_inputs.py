@@ -19,16 +19,19 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from clef_quant.bench.environment import load_average
-from clef_quant.bench.processes import free_port, running, server_command
+from clef_quant.bench.processes import free_port, running, serve_config, server_command
 from clef_quant.formatting import facts_table, markdown_table, utc_minute
 from clef_quant.progress import Progress, Stages
+
+if TYPE_CHECKING:
+    from clef_vllm.engine.engine_settings import EngineSettings
 
 HEADING = "Small requests behind long inputs"
 SMALL = {"state": "My card was charged twice for one order.", "questions": {"billing": {"type": "noul"}}}
@@ -183,32 +186,21 @@ class LongInputsResult:
 
 
 def run_long_inputs_bench(
-    model: Path,
-    *,
-    max_model_len: int = 4096,
-    clients: int = 4,
-    engine_arg: list[str] | None = None,
-    progress: Progress | None = None,
+    settings: EngineSettings, *, clients: int = 4, progress: Progress | None = None
 ) -> LongInputsResult:
+    """`clef-systemone` serving `settings` (eager, whole long inputs in one step), the wait of small requests
+    behind each long input."""
     from clef_vllm.format.encoder import load_tokenizer
 
     stage = Stages(progress)
+    model, max_model_len = settings.model, settings.max_model_len
     tokenizer = load_tokenizer(model)
-    from clef_vllm.server.settings import ServeConfig
-
     port = free_port()
-    settings = ServeConfig(
-        model=str(model),
-        port=port,
-        max_model_len=max_model_len,
-        enforce_eager=True,
-        max_num_batched_tokens=65536,
-        engine_arg=tuple(engine_arg or ()),
-    )
+    config = serve_config(replace(settings, enforce_eager=True, max_num_batched_tokens=65536), port=port)
     load = load_average()
     with (
         tempfile.TemporaryDirectory() as logs,
-        running(server_command(settings), port, Path(logs) / "systemone.log"),
+        running(server_command(config), port, Path(logs) / "systemone.log"),
     ):
         url = f"http://127.0.0.1:{port}"
         small_latencies(url, 5)  # warm-up
@@ -227,7 +219,7 @@ def run_long_inputs_bench(
         row.tokenizer_calls = tokenizer_calls(tokenizer, state, max_model_len)
         rows.append(row)
     stage.done()
-    return LongInputsResult(str(model), max_model_len, clients, idle, rows, load)
+    return LongInputsResult(model, max_model_len, clients, idle, rows, load)
 
 
 def render_section(result: LongInputsResult, command: str, machine: str) -> str:

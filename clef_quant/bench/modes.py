@@ -17,6 +17,7 @@ Results go to a JSON file after every step, so a run cut short keeps what it mea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import statistics
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from clef_quant.bench.engine_record import given_engine_settings
 from clef_quant.bench.errors import BenchError
 from clef_quant.bench.modes_profile import profiled_calls, profiler_engine_kwargs
 from clef_quant.bench.modes_servers import NATIVE, SYSTEMONE, ServerRun, serve_at_client_counts
@@ -35,12 +37,14 @@ from clef_quant.bench.profile_trace import Breakdown
 from clef_quant.bench.workload import mixed_length_requests
 from clef_quant.documents import read_document
 from clef_quant.progress import Progress, Stages
+from clef_vllm.engine.flags import setting_of
 from clef_vllm.engine.invariance import BF16_GEMM_ENV, GPU_METHOD_ENV
 from clef_vllm.errors import first_validation_error
-from clef_vllm.format.request import DEFAULT_LIMITS, Limits
 
 if TYPE_CHECKING:
     import torch
+
+    from clef_vllm.engine.engine_settings import EngineSettings
 
 
 @dataclass(frozen=True)
@@ -102,8 +106,6 @@ MODES = {
     )
 }
 MODE_NAMES = tuple(MODES)
-# The workload is text: the vision tower stays unloaded, as `clef-systemone --language-model-only` does.
-TEXT_ONLY = replace(DEFAULT_LIMITS, max_images=0, max_videos=0)
 
 
 @dataclass
@@ -252,11 +254,27 @@ def check_mixed_batches(
     run.mixed_identical, run.mixed_max_dp = compare(got, expected)
 
 
+def mode_settings(settings: EngineSettings, mode: Mode, extra: dict[str, Any] | None = None) -> EngineSettings:
+    """`settings` in `mode`: its batch invariance, and its engine arguments (those that are settings' fields set
+    them), then `extra` engine arguments. An engine argument the command line gave (`--engine-arg`) wins over the
+    mode's, as it always has."""
+    names = {f.name for f in dataclasses.fields(settings) if setting_of(f) is not None}
+    given = settings.engine_overrides()
+    fields = {key: value for key, value in mode.engine_kwargs.items() if key in names}
+    args = {key: value for key, value in mode.engine_kwargs.items() if key not in names and key not in given}
+    python_args = {**settings.python_args, **args, **(extra or {})}
+    return replace(settings, batch_invariant=mode.batch_invariant, **fields, python_args=python_args)
+
+
+def text_only(settings: EngineSettings) -> EngineSettings:
+    """The workload is text: the vision tower stays unloaded, as `clef-systemone --language-model-only` does."""
+    return replace(settings, limit_images=0, limit_videos=0)
+
+
 @contextlib.contextmanager
-def started_engine(
-    folder: Path, mode: Mode, max_model_len: int, extra: dict[str, Any], limits: Limits = TEXT_ONLY
-) -> Iterator[Any]:
-    """A `ClefEngine` in `mode`, closed when the block ends (also when it ends early)."""
+def started_engine(settings: EngineSettings, mode: Mode) -> Iterator[Any]:
+    """A `ClefEngine` with `settings` (`mode_settings` gives a mode's), started with `mode`'s environment and
+    closed when the block ends (also when it ends early)."""
     import os
 
     from clef_vllm.engine import ClefEngine
@@ -264,13 +282,7 @@ def started_engine(
     saved = {name: os.environ.get(name) for name in mode.env}
     os.environ.update(mode.env)
     try:
-        engine = ClefEngine(
-            folder,
-            max_model_len=max_model_len,
-            batch_invariant=mode.batch_invariant,
-            limits=limits,
-            **{**mode.engine_kwargs, **extra},
-        )
+        engine = ClefEngine.from_settings(settings)
     finally:
         for name, value in saved.items():
             if value is None:
@@ -303,12 +315,13 @@ def run_modes(
     profile: set[tuple[str, str]] | None = None,
     server_releases: list[str] | None = None,
     native_releases: list[str] | None = None,
-    engine_kwargs: dict[str, Any] | None = None,
-    server_settings: dict[str, Any] | None = None,
+    settings: EngineSettings | None = None,
     native_flags: list[str] | None = None,
     progress: Progress | None = None,
 ) -> ModesResult:
-    """Every release in each of its modes, then the servers; `profile` names the (release, mode) pairs to profile."""
+    """Every release in each of its modes, then the servers; `profile` names the (release, mode) pairs to profile.
+    `settings`: the engine settings every engine starts from, and `clef-systemone` serves with (the default mode)."""
+    from clef_vllm.engine.engine_settings import EngineSettings
     from clef_vllm.format.encoder import Encoder
     from clef_vllm.format.request import parse_request
 
@@ -316,6 +329,7 @@ def run_modes(
         save_to.parent.mkdir(parents=True, exist_ok=True)
         save_to.write_text(json.dumps(asdict(result), indent=2), encoding="utf-8")
 
+    base = replace(settings or EngineSettings(model=""), max_model_len=result.max_model_len)
     stage = Stages(progress)
     encoder = Encoder(releases[0][1], max_length=result.max_model_len)
     encodings = [encoder.encode(parse_request(body)) for body in bodies]
@@ -323,18 +337,16 @@ def run_modes(
     for scheme, folder, modes in releases:
         for mode in modes:
             stage(f"{scheme}, {mode.name}")
-            extra = dict(engine_kwargs or {})
             trace_dir = save_to.parent / f"traces-{scheme}-{mode.name}"
             profiled = (scheme, mode.name) in (profile or set())
-            if profiled:
-                extra.update(profiler_engine_kwargs(trace_dir))
+            extra = profiler_engine_kwargs(trace_dir) if profiled else {}
+            recorded = {**mode.engine_kwargs, **given_engine_settings(base), **extra}
             start = time.perf_counter()
-            run = ModeRun(
-                str(folder), scheme, mode.name, {k: repr(v) for k, v in {**mode.engine_kwargs, **extra}.items()}, 0.0
-            )
+            run = ModeRun(str(folder), scheme, mode.name, {k: repr(v) for k, v in recorded.items()}, 0.0)
             result.runs.append(run)
             try:
-                with started_engine(folder, mode, result.max_model_len, extra) as engine:
+                in_mode = mode_settings(text_only(base.for_model(folder)), mode, extra)
+                with started_engine(in_mode, mode) as engine:
                     run.start_s = time.perf_counter() - start
                     measure_engine(
                         engine,
@@ -355,7 +367,7 @@ def run_modes(
             if scheme not in (chosen or []):
                 continue
             stage(f"{server}, {scheme}")
-            how = (server_settings or {}) if server == SYSTEMONE else (native_flags or [])
+            how = base if server == SYSTEMONE else (native_flags or [])
             result.servers += serve_at_client_counts(folder, scheme, bodies, result.max_model_len, how, server)
             save()
     stage.done()

@@ -10,11 +10,14 @@ or an agreement.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clef_quant.bench.clients import ClientTally, post_counted
+
+if TYPE_CHECKING:
+    from clef_vllm.engine.engine_settings import EngineSettings
 
 CLIENT_COUNTS = (1, 8, 64)
 SYSTEMONE = "clef-systemone"
@@ -48,11 +51,6 @@ def identical_answers(first: list[Any], second: list[Any]) -> tuple[int, int]:
     return sum(a == b for a, b in pairs), len(pairs)
 
 
-def systemone_settings(enforce_eager: bool, engine_arg: list[str]) -> dict[str, Any]:
-    """The `clef-systemone` settings that start its engine as the offline engines of the run were started."""
-    return {"enforce_eager": enforce_eager, "engine_arg": tuple(engine_arg)}
-
-
 def native_server_flags(enforce_eager: bool, gpu: bool) -> list[str]:
     """`vllm serve` flags (vLLM's own command line, not ours) for the native server: eager as ours when asked, and
     the GDN prefill backend our engines get on a GPU (vLLM's default there needs FlashInfer)."""
@@ -69,12 +67,12 @@ def serve_at_client_counts(
     scheme: str,
     bodies: list[dict[str, Any]],
     max_model_len: int,
-    settings: dict[str, Any] | list[str],
+    settings: EngineSettings | list[str],
     server: str = SYSTEMONE,
 ) -> list[ServerRun]:
     """One server, `clef-systemone` in its default mode or native vLLM with its own defaults; the workload at each
-    client count, answers compared with the one-client run's. `settings`: `clef-systemone`'s (`ServeConfig`
-    fields, as `systemone_settings` gives them), or `vllm serve`'s flags (`native_server_flags`)."""
+    client count, answers compared with the one-client run's. `settings`: the engine settings `clef-systemone`
+    serves with (the run's offline engines start from the same), or `vllm serve`'s flags (`native_server_flags`)."""
     import asyncio
     import tempfile
 
@@ -87,12 +85,8 @@ def serve_at_client_counts(
         shared = ("--max-model-len", str(max_model_len), "--language-model-only", *settings)
         command, env = processes.native_vllm_command(folder, port, *shared, *named), processes.native_vllm_env()
     else:
-        from clef_vllm.server.settings import ServeConfig
-
-        config = ServeConfig(
-            model=str(folder), port=port, max_model_len=max_model_len, language_model_only=True, **dict(settings)
-        )
-        command, env = processes.server_command(config), None
+        engine = replace(settings.for_model(folder), max_model_len=max_model_len, language_model_only=True)
+        command, env = processes.server_command(processes.serve_config(engine, port=port)), None
     with tempfile.TemporaryDirectory() as logs, processes.running(command, port, Path(logs) / "server.log", env):
         url = f"http://127.0.0.1:{port}/v1/systemone"
         baseline: list[Any] | None = None

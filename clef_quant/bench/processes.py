@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -11,11 +12,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 if TYPE_CHECKING:
+    from clef_vllm.engine.engine_settings import EngineSettings
     from clef_vllm.server.settings import ServeConfig
 
 STARTUP_SECONDS = 300
@@ -101,6 +103,16 @@ def systemone_start() -> list[str]:
     as with `pip install --target`)."""
     script = Path(sys.executable).parent / "clef-systemone"
     return [str(script)] if script.is_file() else [sys.executable, "-m", "clef_vllm.server.cli"]
+
+
+def serve_config(settings: EngineSettings, **server: Any) -> ServeConfig:
+    """The `clef-systemone` settings that start its engine as `settings` do, with the server's own `server`
+    fields (its port); a `ServeConfig`'s own server fields are not carried over."""
+    from clef_vllm.engine.engine_settings import EngineSettings
+    from clef_vllm.server.settings import ServeConfig
+
+    engine = {f.name: getattr(settings, f.name) for f in dataclasses.fields(EngineSettings)}
+    return ServeConfig(**engine, **server)
 
 
 def server_command(settings: ServeConfig) -> list[str]:

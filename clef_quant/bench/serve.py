@@ -21,17 +21,19 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clef_quant.bench.clients import ClientTally, post_counted
-from clef_quant.bench.processes import free_port, running, server_command
+from clef_quant.bench.processes import free_port, running, serve_config, server_command
 from clef_quant.bench.workload import varied_requests
 from clef_quant.formatting import facts_table, markdown_table, utc_minute
 from clef_quant.progress import Progress, Stages
 from clef_vllm.engine.settings import CPU_KV_CACHE_ENV, apply_cpu_defaults
+
+if TYPE_CHECKING:
+    from clef_vllm.engine.engine_settings import EngineSettings
 
 
 @dataclass
@@ -73,10 +75,10 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if numerator > 0 and denominator > 0 else math.nan
 
 
-def _offline(model: Path, bodies: list[dict[str, Any]], engine_kwargs: dict[str, Any]) -> float:
+def _offline(settings: EngineSettings, bodies: list[dict[str, Any]]) -> float:
     from clef_vllm.engine import ClefEngine
 
-    engine = ClefEngine(model, **engine_kwargs)
+    engine = ClefEngine.from_settings(settings)
     engine.score(bodies[:4])  # warm-up
     start = time.perf_counter()
     engine.score(bodies)
@@ -123,12 +125,10 @@ async def _clients(
 
 
 def _server(
-    model: Path, bodies: list[dict[str, Any]], clients: int, settings: dict[str, Any], compress_above: int | None
+    settings: EngineSettings, bodies: list[dict[str, Any]], clients: int, compress_above: int | None
 ) -> tuple[float, ClientTally]:
-    from clef_vllm.server.settings import ServeConfig
-
     port = free_port()
-    command = server_command(ServeConfig(model=str(model), port=port, **settings))
+    command = server_command(serve_config(settings, port=port))
     with (
         tempfile.TemporaryDirectory() as logs,
         running(command, port, Path(logs) / "systemone.log"),
@@ -149,39 +149,34 @@ def _reference(model: Path, bodies: list[dict[str, Any]], dtype: str, device: st
 
 
 def run_serve_bench(
-    model: Path,
+    settings: EngineSettings,
     *,
     records: int = 128,
     clients: int = 32,
-    max_model_len: int = 4096,
     max_num_batched_tokens: int = 8192,
     device: str = "cpu",
     compress_above: int | None = 1024,
-    engine_arg: Sequence[str] = (),
     progress: Progress | None = None,
 ) -> ServeBenchResult:
     """Score the same `records` requests offline, through the server, and with the reference.
 
-    Server clients send bodies larger than `compress_above` bytes zstd-compressed (None: never). `engine_arg`:
-    `--engine-arg` settings, given to every engine and server."""
-    from clef_vllm.engine.options import engine_overrides
+    Server clients send bodies larger than `compress_above` bytes zstd-compressed (None: never). `settings`: the
+    release and the engine settings every engine and server starts with (the batched runs change the scheduling)."""
     from clef_vllm.format.encoder import Encoder
     from clef_vllm.format.request import parse_request
 
+    model = Path(settings.model)
     bodies = varied_requests(records, seed=11)
-    encoder = Encoder(model, max_length=max_model_len)
+    encoder = Encoder(model, max_length=settings.max_model_len)
     tokens = sum(encoder.encode(parse_request(b)).num_tokens for b in bodies)
     result = ServeBenchResult(
         model=str(model), records=records, tokens=tokens, clients=clients, compress_above=compress_above
     )
     if compress_above is not None:
         result.compressed_requests = sum(len(json.dumps(b).encode()) > compress_above for b in bodies)
-    engine_kwargs: dict[str, Any] = {"max_model_len": max_model_len, **engine_overrides(engine_arg)}
-    settings: dict[str, Any] = {"max_model_len": max_model_len, "engine_arg": tuple(engine_arg)}
     if device == "cpu":
-        engine_kwargs["enforce_eager"] = True
-        settings["enforce_eager"] = True
-        own_size = engine_kwargs.get("kv_cache_memory_bytes")
+        settings = replace(settings, enforce_eager=True)
+        own_size = settings.engine_overrides().get("kv_cache_memory_bytes")
         apply_cpu_defaults(own_size)  # the server process inherits it
         # An engine's own size wins over the variable (`clef_vllm.engine.settings.own_kv_cache`): say the one in use.
         kv_cache = (
@@ -190,23 +185,22 @@ def run_serve_bench(
             else f"{CPU_KV_CACHE_ENV}={os.environ[CPU_KV_CACHE_ENV]} GiB"
         )
         result.notes.append(f"KV cache {kv_cache}, enforce_eager")
-    batched_kwargs = {**engine_kwargs, "batch_invariant": False, "max_num_batched_tokens": max_num_batched_tokens}
-    batched_settings = {**settings, "batch_invariant": False, "max_num_batched_tokens": max_num_batched_tokens}
+    batched = replace(settings, batch_invariant=False, max_num_batched_tokens=max_num_batched_tokens)
     result.notes.append(
         f"batched: vLLM's default max_num_seqs, max_num_batched_tokens={max_num_batched_tokens}; "
         "invariant (the default): one whole prompt per engine step"
     )
     stage = Stages(progress)
     stage("offline engine")
-    result.offline_records_s = _offline(model, bodies, engine_kwargs)
+    result.offline_records_s = _offline(settings, bodies)
     stage(f"clef-systemone, {clients} clients")
-    result.server_requests_s, tally = _server(model, bodies, clients, settings, compress_above)
+    result.server_requests_s, tally = _server(settings, bodies, clients, compress_above)
     stage("offline engine, batched")
-    result.offline_batched_records_s = _offline(model, bodies, batched_kwargs)
+    result.offline_batched_records_s = _offline(batched, bodies)
     stage(f"clef-systemone, batched, {clients} clients")
-    result.server_batched_requests_s, batched = _server(model, bodies, clients, batched_settings, compress_above)
-    result.server_errors = tally.errors + batched.errors
-    result.server_first_error = tally.first_error or batched.first_error
+    result.server_batched_requests_s, batched_tally = _server(batched, bodies, clients, compress_above)
+    result.server_errors = tally.errors + batched_tally.errors
+    result.server_first_error = tally.first_error or batched_tally.first_error
     stage("transformers reference")
     result.reference_records_s = _reference(model, bodies, "bfloat16", device)
     stage.done()

@@ -18,10 +18,11 @@ import gc
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from clef_quant.bench.engine_record import recorded_engine
 from clef_quant.bench.environment import load_average, machine_name
 from clef_quant.evaluation.engines import FreshEngines
 from clef_quant.evaluation.scoring import score_plugin, score_reference
@@ -34,6 +35,9 @@ from clef_vllm.errors import ClefError
 from clef_vllm.format.encoder import Encoder
 from clef_vllm.format.encoding import Encoding
 from clef_vllm.format.request import ClefRequest, parse_request
+
+if TYPE_CHECKING:
+    from clef_vllm.engine.engine_settings import EngineSettings
 
 
 def load_requests(source: Path, records: int) -> list[ClefRequest]:
@@ -88,22 +92,22 @@ def run_throughput(
     reference: Path,
     plugin: Sequence[tuple[str, Path]],
     requests: Sequence[ClefRequest],
+    settings: EngineSettings,
     *,
     source: str = "",
     warm_up: int = 8,
-    max_model_len: int = 4096,
     device: str = "cpu",
-    engine_kwargs: dict[str, Any] | None = None,
     progress: Progress | None = None,
     image_requests: Sequence[ClefRequest] = (),
 ) -> ThroughputResult:
     """Time the reference and every `(name, folder)` of `plugin` on the same requests; `image_requests` (one
-    image each) get their own row per side, timed the same way."""
+    image each) get their own row per side, timed the same way. Each plugin side's engine is `settings` for its
+    folder, and both sides cut prompts at its `max_model_len`."""
     from clef_quant.reference import ReferenceScorer
 
     stage = Stages(progress)
     load = load_average()
-    engine_kwargs = dict(engine_kwargs or {})
+    max_model_len = settings.max_model_len
     rows = []
 
     stage("transformers reference: loading")
@@ -126,7 +130,7 @@ def run_throughput(
     del scorer
     gc.collect()
 
-    engines = FreshEngines.from_keywords(max_model_len=max_model_len, **engine_kwargs)
+    engines = FreshEngines(settings)
     for name, folder in plugin:
         stage(f"plugin {name}: starting the engine")
         encoder = Encoder(folder, max_length=max_model_len)
@@ -159,7 +163,7 @@ def run_throughput(
         tokens=sum(e.num_tokens for e in encodings),
         max_model_len=max_model_len,
         device=device,
-        engine={k: repr(v) for k, v in engine_kwargs.items()},
+        engine=recorded_engine(settings),
         rows=tuple(rows),
     )
 

@@ -251,28 +251,6 @@ def renamed_option(name: str) -> str:
     return RENAMED_OPTIONS.get(name, name)
 
 
-def eager_engine_kwargs(
-    enforce_eager: bool, engine_arg: list[str] | None = None, *, server: bool = False
-) -> dict[str, Any]:
-    """The engine settings --enforce-eager and --engine-arg add; none without them, so a run's recorded settings
-    stay as before. `server`: the command also starts clef-systemone with them, so they are checked as it checks
-    them, before anything runs rather than when the server exits."""
-    from clef_vllm.engine.options import engine_overrides
-    from clef_vllm.errors import SettingsError
-    from clef_vllm.server.settings import ServeConfig
-
-    try:
-        overrides = (
-            engine_overrides(engine_arg or [], ServeConfig.own_flags())
-            if server
-            else engine_overrides(engine_arg or [])
-        )
-    except SettingsError as exc:
-        why = "clef-systemone refuses it, and every engine this command starts, its servers too, gets --engine-arg"
-        raise fail(str(exc), hint=why if server else None) from None
-    return {**({"enforce_eager": True} if enforce_eager else {}), **overrides}
-
-
 def engine_settings(
     model: str | Path,
     *,
@@ -280,12 +258,23 @@ def engine_settings(
     batch_invariant: bool = True,
     enforce_eager: bool = False,
     engine_arg: list[str] | None = None,
+    server: bool = False,
 ) -> EngineSettings:
     """The engine settings a command's flags give (`--engine-arg` values for keys with a field there set it), or
-    one `error:` line for a value no engine takes."""
+    one `error:` line for a value no engine takes. `server`: the command also starts clef-systemone with them, so
+    `--engine-arg` is checked as it checks it (keys it has a flag for are refused), before anything runs rather
+    than when the server exits."""
     from clef_vllm.engine.engine_settings import EngineSettings
+    from clef_vllm.engine.options import engine_overrides
     from clef_vllm.errors import SettingsError
+    from clef_vllm.server.settings import ServeConfig
 
+    if server:
+        try:
+            engine_overrides(engine_arg or [], ServeConfig.own_flags())
+        except SettingsError as exc:
+            why = "clef-systemone refuses it, and every engine this command starts, its servers too, gets --engine-arg"
+            raise fail(str(exc), hint=why) from None
     try:
         return EngineSettings.from_engine_args(
             model,
@@ -298,13 +287,14 @@ def engine_settings(
         raise fail(str(exc)) from None
 
 
-def check_engines(folders: Iterable[str | Path], *, max_model_len: int, **engine_kwargs: Any) -> None:
-    """Each release's engine checked as it would start (vLLM's configuration of it, nothing loaded), before the
-    command does any work: a release without kernels here or a value vLLM refuses ends it in one line."""
-    from clef_vllm.engine.check import check_engine_settings
+def check_engines(folders: Iterable[str | Path], settings: EngineSettings) -> None:
+    """Each release's engine checked as it would start with `settings` (vLLM's configuration of it, nothing
+    loaded), before the command does any work: a release without kernels here or a value vLLM refuses ends it in
+    one line."""
+    from clef_vllm.engine.check import check_settings
 
     for folder in folders:
-        check_engine_settings(folder, max_model_len=max_model_len, **engine_kwargs)
+        check_settings(settings.for_model(folder))
 
 
 EngineArgOption = Annotated[

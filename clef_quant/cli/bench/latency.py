@@ -13,7 +13,7 @@ from clef_quant.cli._options import (
     EnforceEagerOption,
     EngineArgOption,
     check_engines,
-    eager_engine_kwargs,
+    engine_settings,
     max_model_len_option,
 )
 from clef_quant.cli._output import results_console
@@ -72,16 +72,18 @@ def latency(
         if folder.resolve() in seen:
             raise fail(f"--release {folder} is given twice")
         seen.add(folder.resolve())
-    engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
+    settings = engine_settings(
+        release[0], max_model_len=max_model_len, enforce_eager=enforce_eager, engine_arg=engine_arg
+    )
     check_report_out(out)
-    check_engines(release, max_model_len=max_model_len, **engine_kwargs)
+    check_engines(release, settings)
     with stage_line("building the workloads"):
         runs = latency_runs(release, max_model_len)
-    result = starting_result(command_line(), repeats=repeats, max_model_len=max_model_len, engine_kwargs=engine_kwargs)
+    result = starting_result(command_line(), repeats=repeats, settings=settings)
     quiet_tools(False, VLLM_QUIET)
     # Stopped early (Ctrl-C, or SIGTERM, which user_errors turns into the same), it writes what it measured.
     with stage_line("benchmarking") as progress, report_written(lambda: write_report(result, out)):
-        run_latency(runs, result, lambda: write_report(result, out), engine_kwargs=engine_kwargs, progress=progress)
+        run_latency(runs, result, lambda: write_report(result, out), settings, progress=progress)
         _print_table(result)
     failed = [run for run in result.releases if run.error]
     for run in failed:

@@ -14,7 +14,7 @@ from clef_quant.cli._options import (
     EnforceEagerOption,
     EngineArgOption,
     check_engines,
-    eager_engine_kwargs,
+    engine_settings,
     max_model_len_option,
     name_choice,
 )
@@ -104,15 +104,17 @@ def modes(
     from clef_quant.bench.modes import run_modes
     from clef_quant.bench.modes_options import appended, check_served, profiled_pairs, read_releases, starting_result
     from clef_quant.bench.modes_report import server_failures, write_report
-    from clef_quant.bench.modes_servers import native_server_flags, systemone_settings
+    from clef_quant.bench.modes_servers import native_server_flags
     from clef_quant.bench.report_paths import check_report_out, default_report, json_beside
 
     releases = read_releases(release, mode)
     profiled = profiled_pairs(profile or [], releases)
     check_served("--serve", serve or [], releases)
     check_served("--serve-native", serve_native or [], releases)
-    engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg, server=True)
-    check_engines([folder for _, folder, _ in releases], max_model_len=max_model_len, **engine_kwargs)
+    settings = engine_settings(
+        releases[0][1], max_model_len=max_model_len, enforce_eager=enforce_eager, engine_arg=engine_arg, server=True
+    )
+    check_engines([folder for _, folder, _ in releases], settings)
     device = engine_device()
     out = out or default_report("modes", device.type)
     check_report_out(out)
@@ -140,8 +142,7 @@ def modes(
             profile=profiled,
             server_releases=serve,
             native_releases=serve_native,
-            engine_kwargs=engine_kwargs,
-            server_settings=systemone_settings(enforce_eager, engine_arg or []),
+            settings=settings,
             native_flags=native_server_flags(enforce_eager, device.type == "cuda"),
             progress=progress,
         )

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,11 +13,14 @@ from clef_quant.cli._options import (
     EngineArgOption,
     check_engines,
     device_option,
-    eager_engine_kwargs,
+    engine_settings,
     max_model_len_option,
 )
 from clef_quant.cli._stderr import stage_line
 from clef_quant.cli.bench._common import command_line, require_release, server_exits
+
+if TYPE_CHECKING:
+    from clef_vllm.engine.engine_settings import EngineSettings
 
 
 @user_errors
@@ -67,18 +70,17 @@ def serve(
     # Read before the run: a report that cannot be read ends the command before minutes of measuring.
     report, section = read_report(out)
     # A bad --engine-arg is refused before anything starts, as clef-systemone would refuse it and as vLLM would.
-    check_engines([model], max_model_len=max_model_len, **eager_engine_kwargs(False, engine_arg, server=True))
+    settings = engine_settings(model, max_model_len=max_model_len, engine_arg=engine_arg, server=True)
+    check_engines([model], settings)
     if long_inputs:
-        _long_inputs(model, max_model_len, clients or 4, engine_arg or [], out, report)
+        _long_inputs(settings, clients or 4, out, report)
         return
     with server_exits(), stage_line("benchmarking") as progress:
         result = run_serve_bench(
-            model,
+            settings,
             device=device,
-            engine_arg=engine_arg or [],
             records=records,
             clients=clients or 32,
-            max_model_len=max_model_len,
             max_num_batched_tokens=max_num_batched_tokens,
             compress_above=None if compress_above < 0 else compress_above,
             progress=progress,
@@ -91,7 +93,7 @@ def serve(
     )
 
 
-def _long_inputs(model: Path, max_model_len: int, clients: int, engine_arg: list[str], out: Path, report: str) -> None:
+def _long_inputs(settings: EngineSettings, clients: int, out: Path, report: str) -> None:
     import torch
 
     from clef_quant.bench.environment import machine_name
@@ -99,9 +101,7 @@ def _long_inputs(model: Path, max_model_len: int, clients: int, engine_arg: list
     from clef_quant.bench.report_paths import write_report
 
     with stage_line("benchmarking") as progress:
-        result = run_long_inputs_bench(
-            model, max_model_len=max_model_len, clients=clients, engine_arg=engine_arg, progress=progress
-        )
+        result = run_long_inputs_bench(settings, clients=clients, progress=progress)
     write_report(out, with_section(report, render_section(result, command_line(), machine_name(torch.device("cpu")))))
     worst = max(row.worst for row in result.rows)
     typer.echo(f"worst small-request wait behind a long input {worst:.2f} s; wrote {out}")

@@ -15,7 +15,7 @@ from clef_quant.cli._options import (
     EngineArgOption,
     check_engines,
     device_option,
-    eager_engine_kwargs,
+    engine_settings,
     max_model_len_option,
     warn_batch_size_retired,
 )
@@ -82,8 +82,10 @@ def throughput(
         raise fail(f"{data} does not exist", hint="clef-quant build-data --out DATA --source fixtures")
 
     warn_batch_size_retired(batch_size)
-    engine_kwargs = eager_engine_kwargs(enforce_eager, engine_arg)
-    check_engines([folder for _, folder in sides], max_model_len=max_model_len, **engine_kwargs)
+    settings = engine_settings(
+        reference, max_model_len=max_model_len, enforce_eager=enforce_eager, engine_arg=engine_arg
+    )
+    check_engines([folder for _, folder in sides], settings)
     quiet_tools(False, VLLM_QUIET)
     requests = load_requests(data, records)
     with stage_line("benchmarking") as progress:
@@ -91,10 +93,9 @@ def throughput(
             reference,
             sides,
             requests,
+            settings,
             source=str(data),
-            max_model_len=max_model_len,
             device=device,
-            engine_kwargs=engine_kwargs,
             progress=progress,
             image_requests=image_workload(image_records),
         )
