@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from plugins.work_units import send_to_controller, sent_by
+
 ENGINE_STARTS: Counter[str] = Counter()
 
 
@@ -71,14 +73,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """On a worker: hand the counts to the controller, which prints the summary."""
-    output = getattr(session.config, "workeroutput", None)
-    if output is not None:
-        output["engine_starts"] = dict(ENGINE_STARTS)
+    send_to_controller(session, "engine_starts", dict(ENGINE_STARTS))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    ENGINE_STARTS.update((getattr(node, "workeroutput", None) or {}).get("engine_starts", {}))
+    ENGINE_STARTS.update(sent_by(node, "engine_starts", {}))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from plugins.work_units import in_worker
+from plugins.work_units import in_worker, send_to_controller, sent_by
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -217,14 +217,12 @@ def readme_session(readme_beside: Session | None, tmp_path_factory: pytest.TempP
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """On a worker: hand the README time to the controller, which prints it."""
-    output = getattr(session.config, "workeroutput", None)
-    if output is not None:
-        output["readme_elapsed"] = list(README_ELAPSED)
+    send_to_controller(session, "readme_elapsed", list(README_ELAPSED))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    README_ELAPSED.extend((getattr(node, "workeroutput", None) or {}).get("readme_elapsed", []))
+    README_ELAPSED.extend(sent_by(node, "readme_elapsed", []))
 
 
 @pytest.hookimpl(tryfirst=True)  # the first of the suite's summary lines, before the engine starts

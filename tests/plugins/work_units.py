@@ -36,6 +36,19 @@ def in_worker() -> bool:
     return "PYTEST_XDIST_WORKER" in os.environ
 
 
+def send_to_controller(session: pytest.Session, key: str, value: Any) -> None:
+    """On a worker, at the end of its session: `value` (JSON-like) for the controller, which reads it with
+    `sent_by` when the worker goes down; nothing in a serial run."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output[key] = value
+
+
+def sent_by(node: Any, key: str, default: Any) -> Any:
+    """On the controller: what a worker that went down sent under `key`, or `default`."""
+    return (getattr(node, "workeroutput", None) or {}).get(key, default)
+
+
 @dataclass(frozen=True)
 class Unit:
     name: str
