@@ -65,6 +65,29 @@ def test_a_gpu_engine_runs_triton_gdn_prefill_without_flashinfer_unless_told_oth
     assert "gdn_prefill_backend" not in engine_args(tiny_dir, gpu=False)
 
 
+def test_a_gpu_engine_captures_graphs_for_whole_prompts_unless_told_otherwise(tiny_dir):
+    from clef_vllm.engine.cuda_graphs import LARGEST_GRAPH_TOKENS
+    from clef_vllm.engine.settings import engine_args
+
+    pytest.importorskip("vllm")
+    sizes = engine_args(tiny_dir, gpu=True, max_model_len=4096)["compilation_config"]["cudagraph_capture_sizes"]
+    assert sizes == sorted(set(sizes)) and sizes[0] == 1
+    # the step holds up to 16,384 tokens: graphs stop at the cap, and no prompt below it pads by a sixteenth or more
+    assert sizes[-1] == LARGEST_GRAPH_TOKENS
+    for tokens in (300, 553, 685, 1501, 6445, 7198):
+        padded = next(size for size in sizes if size >= tokens)
+        assert padded - tokens < tokens / 16, (tokens, padded)
+    short = engine_args(tiny_dir, gpu=True, max_model_len=1000, max_num_batched_tokens=1000)
+    assert short["compilation_config"]["cudagraph_capture_sizes"][-1] == 1000
+
+    mine = engine_args(tiny_dir, gpu=True, compilation_config={"max_cudagraph_capture_size": 512, "mode": 3})
+    assert mine["compilation_config"] == {"max_cudagraph_capture_size": 512, "mode": 3}
+    merged = engine_args(tiny_dir, gpu=True, compilation_config={"mode": 3})["compilation_config"]
+    assert merged["mode"] == 3 and merged["cudagraph_capture_sizes"] == sizes
+    assert "compilation_config" not in engine_args(tiny_dir, gpu=True, enforce_eager=True)
+    assert "compilation_config" not in engine_args(tiny_dir, gpu=False)
+
+
 def test_engine_args_read_json_values_and_refuse_what_the_plugin_or_a_flag_sets():
     from clef_vllm.engine.options import engine_overrides
 

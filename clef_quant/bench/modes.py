@@ -60,9 +60,9 @@ class Mode:
 
 # Same token budget per step for the batched modes, so their difference is the invariance, not the step size.
 STEP_TOKENS = 16384
-# Step sizes with a captured graph: vLLM's default ceiling (512 tokens) is sized for decode steps, so a
-# prefill-only engine's 1.5k-token request launches every kernel from Python; a step pads up to the next size.
-PREFILL_GRAPH_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048)
+# vLLM's own ceiling for CUDA graph sizes, sized for decode steps (GPU engines here capture whole prompts' sizes,
+# `clef_vllm.engine.cuda_graphs`).
+VLLM_GRAPH_TOKENS = 512
 MODES = {
     mode.name: mode
     for mode in (
@@ -96,10 +96,10 @@ MODES = {
         ),
         Mode("one-per-step", True, {"max_num_seqs": 1}, "one whole prompt per engine step (the CPU's method)"),
         Mode(
-            "invariant-graphs",
+            "invariant-vllm-graphs",
             True,
-            {"compilation_config": {"cudagraph_capture_sizes": list(PREFILL_GRAPH_TOKENS)}},
-            "the default with CUDA graphs captured for whole prompts of up to 2,048 tokens (vLLM stops at 512)",
+            {"compilation_config": {"max_cudagraph_capture_size": VLLM_GRAPH_TOKENS}},
+            "the default with vLLM's own CUDA graph sizes (up to 512 tokens) instead of whole prompts' (up to 8,192)",
         ),
         Mode("invariant-eager", True, {"enforce_eager": True}, "the default without torch.compile and CUDA graphs"),
         Mode("batched-eager", False, {"max_num_batched_tokens": STEP_TOKENS, "enforce_eager": True}, "batched, eager"),

@@ -72,15 +72,15 @@ def latency(
         if folder.resolve() in seen:
             raise fail(f"--release {folder} is given twice")
         seen.add(folder.resolve())
+    check_report_out(out)
+    quiet_tools(False, VLLM_QUIET)  # before vLLM is first imported: it reads its log level then
     settings = engine_settings(
         release[0], max_model_len=max_model_len, enforce_eager=enforce_eager, engine_arg=engine_arg
     )
-    check_report_out(out)
     check_engines(release, settings)
     with stage_line("building the workloads"):
         runs = latency_runs(release, max_model_len)
     result = starting_result(command_line(), repeats=repeats, settings=settings)
-    quiet_tools(False, VLLM_QUIET)
     # Stopped early (Ctrl-C, or SIGTERM, which user_errors turns into the same), it writes what it measured.
     with stage_line("benchmarking") as progress, report_written(lambda: write_report(result, out)):
         run_latency(runs, result, lambda: write_report(result, out), settings, progress=progress)

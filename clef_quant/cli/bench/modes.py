@@ -111,13 +111,14 @@ def modes(
     profiled = profiled_pairs(profile or [], releases)
     check_served("--serve", serve or [], releases)
     check_served("--serve-native", serve_native or [], releases)
+    device = engine_device()
+    out = out or default_report("modes", device.type)
+    check_report_out(out)
+    quiet_tools(False, VLLM_QUIET)  # before vLLM is first imported: it reads its log level then
     settings = engine_settings(
         releases[0][1], max_model_len=max_model_len, enforce_eager=enforce_eager, engine_arg=engine_arg, server=True
     )
     check_engines([folder for _, folder, _ in releases], settings)
-    device = engine_device()
-    out = out or default_report("modes", device.type)
-    check_report_out(out)
     bodies, result = starting_result(
         releases[0][1],
         records=records,
@@ -128,7 +129,6 @@ def modes(
     )
     if append:
         result = appended(json_beside(out), result)
-    quiet_tools(False, VLLM_QUIET)
     # Stopped early (Ctrl-C, or SIGTERM, which user_errors turns into the same), it writes what it measured.
     with server_exits(), stage_line("benchmarking") as progress, report_written(lambda: write_report(result, out)):
         run_modes(

@@ -82,11 +82,11 @@ def throughput(
         raise fail(f"{data} does not exist", hint="clef-quant build-data --out DATA --source fixtures")
 
     warn_batch_size_retired(batch_size)
+    quiet_tools(False, VLLM_QUIET)  # before vLLM is first imported: it reads its log level then
     settings = engine_settings(
         reference, max_model_len=max_model_len, enforce_eager=enforce_eager, engine_arg=engine_arg
     )
     check_engines([folder for _, folder in sides], settings)
-    quiet_tools(False, VLLM_QUIET)
     requests = load_requests(data, records)
     with stage_line("benchmarking") as progress:
         result = run_throughput(

@@ -1,5 +1,6 @@
 """The engine arguments and process-wide settings a Clef engine starts with: the scheduler limits that keep
-answers independent of load (`invariance`), the CPU's KV cache size and the GPU's defaults."""
+answers independent of load (`invariance`), the CPU's KV cache size and the GPU's defaults (Gated DeltaNet's
+prefill kernels, CUDA graphs for whole prompts: `cuda_graphs`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from clef_vllm.engine.architecture import architecture_overrides, config_architectures
 from clef_vllm.engine.cpu.threads import bind_rank_threads, parallel_ranks
+from clef_vllm.engine.cuda_graphs import graph_config
 from clef_vllm.engine.invariance import (
     GPU_STEP_TOKENS,
     KERNELS,
@@ -171,6 +173,8 @@ def engine_args(
     if limits.media_enabled:
         args["limit_mm_per_prompt"] = {"image": limits.max_images, "video": limits.max_videos}
     args.update(overrides)
+    if gpu:
+        args.update(graph_config(overrides, args.get("max_num_batched_tokens") or max_model_len))
     return args
 
 
