@@ -38,7 +38,7 @@ from clef_quant.bench.workload import mixed_length_requests
 from clef_quant.documents import read_document
 from clef_quant.progress import Progress, Stages
 from clef_vllm.engine.flags import setting_of
-from clef_vllm.engine.invariance import BF16_GEMM_ENV, GPU_METHOD_ENV
+from clef_vllm.engine.invariance import BF16_GEMM_ENV, GPU_METHOD_ENV, SPLIT_FREE_BLAS_ENV
 from clef_vllm.errors import first_validation_error
 
 if TYPE_CHECKING:
@@ -80,6 +80,13 @@ MODES = {
             {},
             "invariant through vLLM's own kernels with cuBLAS split-K and FlashAttention KV splits off",
             env={GPU_METHOD_ENV: "split-free"},
+        ),
+        Mode(
+            "invariant-cublas",
+            True,
+            {},
+            "the default with torch's own cuBLAS choice for bf16 linears instead of cuBLASLt (split-K off in both)",
+            env={SPLIT_FREE_BLAS_ENV: "cublas"},
         ),
         Mode(
             "invariant-triton",
