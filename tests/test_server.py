@@ -29,6 +29,41 @@ def post(url: str, body, headers=AUTH, **kwargs) -> httpx.Response:
     return httpx.post(f"{url}/v1/systemone", content=content, headers=headers, timeout=120, **kwargs)
 
 
+def test_an_in_process_engine_gives_a_long_prompt_the_servers_bits(systemone, tiny_dir):
+    """eval on a CPU runs its engines' cores in its own process, whose torch threads default to every core. A CPU
+    engine's bits on a long prompt follow its thread count (2 threads moved a 3.4k-token prompt by up to 5e-3 from
+    the server's 1 on two cores), so such an engine computes with the threads a server's worker gets, and answers
+    as the server does."""
+    import random
+
+    import torch
+    from plugins.engines import small_kv_cache, start_engine
+
+    from clef_quant.bench.workload import sentence
+    from clef_vllm.engine.cpu.threads import lone_engine_threads
+
+    url, _ = systemone
+    questions = {"q0": {"type": "choice", "criteria": {"a": "", "b": "", "c": ""}}, "q1": {"type": "noul"}}
+    bodies = [
+        {"model": "m", "id": f"long{seed}", "state": sentence(random.Random(seed), 1000), "questions": questions}
+        for seed in (7, 8)
+    ]
+    served = [post(url, body) for body in bodies]
+    assert [r.status_code for r in served] == [200, 200]
+    own = torch.get_num_threads()
+    torch._C.set_num_threads(lone_engine_threads() + 1)  # a process's default (vLLM may have replaced the setter)
+    try:
+        with small_kv_cache() as kv_cache:
+            engine = start_engine(tiny_dir, max_model_len=4096, enforce_eager=True, **kv_cache)
+        try:
+            assert all(engine.encode(body)[1].num_tokens > 3000 for body in bodies)
+            assert engine.score(bodies) == [r.json() for r in served]
+        finally:
+            engine.close()
+    finally:
+        torch._C.set_num_threads(own)
+
+
 def test_health_is_503_until_warmed_up(systemone):
     _, statuses = systemone
     assert statuses[-1] == 200

@@ -162,6 +162,9 @@ def evaluate(
       clef-quant eval --reference flash --candidate flash-NVFP4 --data data/flash --out results/flash --device cuda
     """
     _quiet(verbose)
+    from clef_vllm.engine.settings import run_cpu_cores_in_process
+
+    run_cpu_cores_in_process()  # on a CPU: no core process to spawn per side, the same bits as a server
     from clef_quant.evaluation.config import EvalConfig
     from clef_quant.evaluation.data import read_eval_data
     from clef_quant.evaluation.engines import FreshEngines

@@ -30,11 +30,13 @@ from typing import Any
 
 import torch
 
+from clef_vllm.engine.cpu.threads import match_lone_engine_threads, parallel_ranks, restore_process_threads
 from clef_vllm.engine.engine_settings import EngineSettings
+from clef_vllm.engine.invariance import uses_gpu
 from clef_vllm.engine.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.engine.prompt import engine_prompt
 from clef_vllm.engine.release_kernels import check_release_kernels
-from clef_vllm.engine.settings import own_kv_cache, prepare_engine_process
+from clef_vllm.engine.settings import core_in_process, own_kv_cache, prepare_engine_process
 from clef_vllm.engine.vllm_logs import show_vllm_warnings_once
 from clef_vllm.errors import RequestError
 from clef_vllm.format.answers import response_from_logits
@@ -92,6 +94,8 @@ class ClefEngine:
         self.batch_invariant = settings.batch_invariant
         self.encoder = Encoder(self.model, max_length=self.max_length, media=self.limits.media_enabled)
         prepare_engine_process(self.batch_invariant, self.model, args)
+        if not uses_gpu() and parallel_ranks(args) == 1 and core_in_process():
+            match_lone_engine_threads()  # its answers then are the bits a server's engine gives
         show_vllm_warnings_once()
         with own_kv_cache(args.get("kv_cache_memory_bytes")):
             self.llm = LLM(**args)
@@ -140,6 +144,8 @@ class ClefEngine:
         _IN_PROCESS_ENGINES.discard(self)
         if core is None or not len(_IN_PROCESS_ENGINES):
             client.shutdown()
+            if core is not None:
+                restore_process_threads()
             return
         # vLLM's own shutdown ends with cleanup_dist_env_and_memory(), which would leave the other in-process
         # engines without their (process-wide) parallel groups: free this engine's executor and scheduler only.

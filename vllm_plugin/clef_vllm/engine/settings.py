@@ -178,6 +178,23 @@ def engine_args(
     return args
 
 
+IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def core_in_process() -> bool:
+    """Whether the engines started from now on run their core (and on a CPU their one worker) in this process."""
+    return os.environ.get(IN_PROCESS_ENV, "1") == "0"
+
+
+def run_cpu_cores_in_process() -> None:
+    """On a machine without a GPU, start engines' cores in this process unless the environment says otherwise: a
+    core process of its own costs each engine a spawn and a second import of vLLM and torch, and a CPU engine runs
+    one prompt per step, so the caller has nothing to overlap with it. The worker keeps the thread count it would
+    have in its own process (`match_lone_engine_threads`), and with it the server's bits."""
+    if not uses_gpu():
+        os.environ.setdefault(IN_PROCESS_ENV, "0")
+
+
 def prepare_engine_process(batch_invariant: bool, model: str | Path, args: dict[str, Any]) -> None:
     """Process-wide settings an engine about to start with `args` reads: on a CPU the KV cache size (unless `args`
     give the engine its own) and the cores of each rank (`clef_vllm.engine.cpu.threads`), and the GPU's invariant

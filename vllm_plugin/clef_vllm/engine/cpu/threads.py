@@ -11,8 +11,11 @@ and so is a machine of several NUMA nodes but fewer than ranks, where the split 
 binding the user set (`VLLM_CPU_OMP_THREADS_BIND`) is kept, checked for one CPU list per rank, each one vLLM
 can parse, naming CPUs this process may use (vLLM reads it only in the engine's workers, after the server listens).
 
-A data parallel engine may get fewer threads than a lone engine. On the tiny checkpoint that changes no bit (1
-and 2 threads gave the same answers to the last bit); larger layers on many cores are not measured.
+A data parallel engine may get fewer threads than a lone engine. A long prompt's bits follow the thread count: a
+3,442-token prompt of the tiny checkpoint moved by up to 5e-3 between 1 and 2 threads, while 12 of the 14 eval
+fixture records of `build-data --per-task 2` (the two longest moved) kept theirs. So an engine whose worker runs in
+the calling process borrows the count its worker would get in a process of its own (`match_lone_engine_threads`),
+and answers as a server does.
 """
 
 from __future__ import annotations
@@ -142,3 +145,52 @@ def bind_rank_threads(ranks: int) -> None:
     binding = machine_binding(ranks)
     if binding is not None:
         os.environ[BIND_ENV] = binding
+
+
+# The process's own thread count while in-process engines borrow another one (empty when none does).
+_THREADS_BEFORE: list[int] = []
+
+
+def lone_engine_threads() -> int | None:
+    """The threads vLLM's worker computes with in a one-rank CPU engine whose core has a process of its own (how
+    vLLM starts one unless told otherwise), as its automatic binding picks them (vllm/utils/ompmultiprocessing.py):
+    the first allowed NUMA node's cores (one logical CPU per core on x86), less one kept for the engine core when
+    there are several. A user's CPU list gives its length; `nobind` gives None (OpenMP's own count)."""
+    current = os.environ.get(BIND_ENV, _VLLM_AUTO)
+    if current == _NO_BINDING:
+        return None
+    if current != _VLLM_AUTO:
+        ids = cpu_list_ids(current.split("|")[0])
+        return len(ids) if ids else None
+    from vllm.platforms import CpuArchEnum, current_platform
+    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_visible_memory_node
+
+    node = get_visible_memory_node()[0]
+    cpus = [cpu for cpu in get_allowed_cpu_list() if cpu.numa_node == node]
+    smt_siblings_share = current_platform.get_cpu_architecture() in (CpuArchEnum.X86, CpuArchEnum.S390X)
+    count = len({cpu.physical_core for cpu in cpus}) if smt_siblings_share else len(cpus)
+    return count - 1 if count > 1 else count
+
+
+def match_lone_engine_threads() -> None:
+    """Give an engine whose core and worker run in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) the threads
+    its worker gets in a process of its own. A long prompt's bits depend on the thread count on a CPU: a 3.6k-token
+    prompt of the tiny model moved by up to 5e-3 between 2 threads (an in-process engine's default on two cores) and
+    the 1 thread a server's worker gets there, and matched to the last bit with 1."""
+    import torch
+
+    threads = lone_engine_threads()
+    if threads is None or torch.get_num_threads() == threads:
+        return
+    if not _THREADS_BEFORE:
+        _THREADS_BEFORE.append(torch.get_num_threads())
+    torch._C.set_num_threads(threads)  # vLLM's in-process worker turns torch.set_num_threads into a no-op
+
+
+def restore_process_threads() -> None:
+    """Give the process back the thread count it had before its in-process engines (the last one has closed), so
+    what runs after them (a transformers reference) computes as it would have without them."""
+    import torch
+
+    if _THREADS_BEFORE:
+        torch._C.set_num_threads(_THREADS_BEFORE.pop())
