@@ -92,3 +92,39 @@ def test_bench_serve_counts_requests_nobody_answered_as_errors_not_speed() -> No
     assert "server / offline | — |" in report  # no ratio from a server that answered nothing
     assert f"Server errors: 8 of 8 requests, the first: `{tally.first_error}`" in report
     assert '"server_over_offline": null' in serve.result_json(result)
+
+
+def test_a_long_input_that_gets_no_answer_is_a_failed_row_not_a_traceback() -> None:
+    """`bench serve --long-inputs`: a server that holds a request past its timeout (vLLM's priority queue can starve
+    a long one) gave a row with the time waited and why, and counted the small requests it never answered."""
+    import socket
+    import threading
+
+    from clef_quant.bench.long_inputs import behind
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept_and_never_answer() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept_and_never_answer)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        row = behind(url, "state: held", b"{}", clients=2, timeouts=(1.0, 0.5))
+    finally:
+        stop.set()
+        thread.join()
+        for connection in held:
+            connection.close()
+        listener.close()
+    assert (row.status, row.error_code) == (0, "no answer in 1 s")
+    assert row.seconds >= 1.0
+    assert row.small_errors == len(row.small_seconds) >= 2

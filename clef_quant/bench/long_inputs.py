@@ -74,6 +74,11 @@ def encode_body(body: dict[str, Any]) -> bytes:
     return json.dumps(body, ensure_ascii=False).encode()
 
 
+# How long the long input and each small request may take before the row counts it as failed.
+LONG_TIMEOUT_S = 600.0
+SMALL_TIMEOUT_S = 120.0
+
+
 @dataclass
 class Behind:
     """One long input and the small requests answered while it was in flight."""
@@ -109,23 +114,44 @@ def small_latencies(url: str, count: int) -> list[float]:
 
 
 def behind(
-    url: str, name: str, body: bytes, *, clients: int = 4, request_id: str | None = None, copies: int = 1
+    url: str,
+    name: str,
+    body: bytes,
+    *,
+    clients: int = 4,
+    request_id: str | None = None,
+    copies: int = 1,
+    timeouts: tuple[float, float] = (LONG_TIMEOUT_S, SMALL_TIMEOUT_S),
 ) -> Behind:
     """Send `body` (`copies` times at once) while `clients` threads send the small request until every answer is
-    back; the row keeps the first copy's status and headers and the slowest copy's time."""
+    back; the row keeps the first copy's status and headers and the slowest copy's time. A request with no answer
+    within its timeout (long, small) or whose connection fails is a failed request in the row (status 0 for the
+    long one), not the end of the run."""
     done = threading.Event()
     lock = threading.Lock()
     result = Behind(name, len(body), 0, 0.0, {})
+    long_timeout, small_timeout = timeouts
 
     def small() -> None:
-        with httpx.Client(timeout=120) as http:
+        with httpx.Client(timeout=small_timeout) as http:
             while not done.is_set():
                 started = time.perf_counter()
-                response = http.post(f"{url}/v1/systemone", json=SMALL)
+                try:
+                    failed = http.post(f"{url}/v1/systemone", json=SMALL).status_code != 200
+                except httpx.TransportError:
+                    failed = True
                 elapsed = time.perf_counter() - started
                 with lock:
                     result.small_seconds.append(elapsed)
-                    result.small_errors += response.status_code != 200
+                    result.small_errors += failed
+
+    def long(_: int) -> httpx.Response | str:
+        try:
+            return httpx.post(f"{url}/v1/systemone", content=body, headers=headers, timeout=long_timeout)
+        except httpx.TimeoutException:
+            return f"no answer in {long_timeout:g} s"
+        except httpx.TransportError as exc:
+            return f"connection failed ({type(exc).__name__})"
 
     threads = [threading.Thread(target=small) for _ in range(clients)]
     for thread in threads:
@@ -135,18 +161,15 @@ def behind(
     started = time.perf_counter()
     try:
         with ThreadPoolExecutor(copies) as pool:
-            responses = list(
-                pool.map(
-                    lambda _: httpx.post(f"{url}/v1/systemone", content=body, headers=headers, timeout=600),
-                    range(copies),
-                )
-            )
-        response = responses[0]
+            response, *_ = pool.map(long, range(copies))  # every copy answered: the slowest sets the time
         result.seconds = time.perf_counter() - started
-        result.status = response.status_code
-        result.headers = dict(response.headers)
-        if response.status_code != 200:
-            result.error_code = _error_code(response)
+        if isinstance(response, str):
+            result.error_code = response
+        else:
+            result.status = response.status_code
+            result.headers = dict(response.headers)
+            if response.status_code != 200:
+                result.error_code = _error_code(response)
     finally:
         done.set()
         for thread in threads:
