@@ -174,7 +174,7 @@ def lone_engine_threads() -> int | None:
 
 def match_lone_engine_threads() -> None:
     """Give an engine whose core and worker run in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) the threads
-    its worker gets in a process of its own. A long prompt's bits depend on the thread count on a CPU: a 3.6k-token
+    its worker gets in a process of its own. A long prompt's bits depend on the thread count on a CPU: a 3,442-token
     prompt of the tiny model moved by up to 5e-3 between 2 threads (an in-process engine's default on two cores) and
     the 1 thread a server's worker gets there, and matched to the last bit with 1."""
     import torch
