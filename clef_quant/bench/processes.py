@@ -30,8 +30,10 @@ def free_port() -> int:
 
 
 def server_env() -> dict[str, str]:
+    from clef_vllm.engine.settings import IN_PROCESS_ENV
+
     env = dict(os.environ)
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # servers run their engine core as vLLM ships it
+    env.pop(IN_PROCESS_ENV, None)  # servers run their engine core as vLLM ships it
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return env
 
