@@ -88,6 +88,23 @@ def test_a_gpu_engine_captures_graphs_for_whole_prompts_unless_told_otherwise(ti
     assert "compilation_config" not in engine_args(tiny_dir, gpu=False)
 
 
+def test_whole_prompt_graphs_are_captured_with_few_enough_sequences_for_the_27b(tiny_dir):
+    """vLLM captures a graph of N tokens with min(N, max_num_seqs) sequences, each with a Gated DeltaNet state: its
+    default of 1,024 ran the 27B out of memory on an H100 at 8,192 tokens."""
+    from clef_vllm.engine.cuda_graphs import CAPTURE_MAX_SEQS
+    from clef_vllm.engine.settings import engine_args
+
+    pytest.importorskip("vllm")
+    assert CAPTURE_MAX_SEQS <= 256
+    assert engine_args(tiny_dir, gpu=True)["max_num_seqs"] == CAPTURE_MAX_SEQS
+    assert engine_args(tiny_dir, gpu=True, batch_invariant=False)["max_num_seqs"] == CAPTURE_MAX_SEQS
+    assert engine_args(tiny_dir, gpu=True, max_num_seqs=512)["max_num_seqs"] == 512
+    # sizes of the caller's own, or no graphs at all: vLLM's sequence count stands
+    mine = engine_args(tiny_dir, gpu=True, compilation_config={"max_cudagraph_capture_size": 512})
+    assert "max_num_seqs" not in mine
+    assert "max_num_seqs" not in engine_args(tiny_dir, gpu=True, enforce_eager=True)
+
+
 def test_engine_args_read_json_values_and_refuse_what_the_plugin_or_a_flag_sets():
     from clef_vllm.engine.options import engine_overrides
 

@@ -9,7 +9,14 @@ to 7,680 went from 138 to 151 ms. So sizes here grow in steps of a sixteenth of 
 step is padding) up to `LARGEST_GRAPH_TOKENS`; a step beyond that is long enough for its kernels to hide the launches.
 
 Padding does not move answers in the invariant mode: its kernels reduce within one token's row or walk one sequence
-(`clef_vllm.engine.invariance`), so extra rows are like extra prompts in the step."""
+(`clef_vllm.engine.invariance`), so extra rows are like extra prompts in the step.
+
+vLLM captures a graph of N tokens with min(N, max_num_seqs) one-token sequences, and Gated DeltaNet allocates a
+float32 state for each of them (value heads x 128 x 128), after the KV cache has taken its share of the card. With
+vLLM's default of 1,024 sequences on an H100 that is 3 GiB a layer on the 27B, and the 27B FP8 ran out of memory
+capturing 8,192 tokens (bench/results/latency-h100-27b-graphs-oom.md). So these engines also get at most
+`CAPTURE_MAX_SEQS` sequences a step unless told otherwise: a Clef prompt's fixed part alone (system prompt and
+headers) is about 60 tokens, so a 16,384-token step of whole prompts rarely has room for more."""
 
 from __future__ import annotations
 
@@ -20,6 +27,9 @@ LARGEST_GRAPH_TOKENS = 8192
 # Sizes in each doubling from 256 tokens on: the padding a step can get is under 1/16 of its size.
 SIZES_PER_DOUBLING = 16
 _KEYS = ("cudagraph_capture_sizes", "max_cudagraph_capture_size")
+# 256 one-token sequences hold a quarter of the state that ran out of memory (and half of what vLLM's 512-token
+# graphs held when the 27B started).
+CAPTURE_MAX_SEQS = 256
 
 
 def whole_prompt_graph_sizes(step_tokens: int) -> list[int]:
@@ -34,13 +44,15 @@ def whole_prompt_graph_sizes(step_tokens: int) -> list[int]:
     return sorted({size for size in sizes if size < cap} | {cap})
 
 
-def graph_config(overrides: dict[str, Any], step_tokens: int) -> dict[str, Any]:
+def graph_config(overrides: dict[str, Any], step_tokens: int, max_num_seqs: int | None = None) -> dict[str, Any]:
     """The `compilation_config` a GPU engine gets: the caller's own, with `whole_prompt_graph_sizes` added unless it
-    names capture sizes itself (or the engine runs eager, or the caller passed a config that is not a dict)."""
+    names capture sizes itself (or the engine runs eager, or the caller passed a config that is not a dict); with
+    those sizes, `max_num_seqs` becomes `CAPTURE_MAX_SEQS` unless the caller set it."""
     given = overrides.get("compilation_config")
     if overrides.get("enforce_eager") or not (given is None or isinstance(given, dict)):
         return {}
     given = dict(given or {})
     if any(key in given for key in _KEYS):
         return {}
-    return {"compilation_config": {**given, "cudagraph_capture_sizes": whole_prompt_graph_sizes(step_tokens)}}
+    config = {"compilation_config": {**given, "cudagraph_capture_sizes": whole_prompt_graph_sizes(step_tokens)}}
+    return config if max_num_seqs is not None else {**config, "max_num_seqs": CAPTURE_MAX_SEQS}

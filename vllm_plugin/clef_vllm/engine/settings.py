@@ -174,7 +174,8 @@ def engine_args(
         args["limit_mm_per_prompt"] = {"image": limits.max_images, "video": limits.max_videos}
     args.update(overrides)
     if gpu:
-        args.update(graph_config(overrides, args.get("max_num_batched_tokens") or max_model_len))
+        step_tokens = args.get("max_num_batched_tokens") or max_model_len
+        args.update(graph_config(overrides, step_tokens, args.get("max_num_seqs")))
     return args
 
 
