@@ -17,15 +17,12 @@ $(SETUP_STAMP): $(SETUP_INPUTS)
 	VENV=$(VENV) PYTHON=$(PYTHON) bash scripts/setup_env.sh
 	@touch $@
 
-# TEST_WORKERS workers (tests/plugins/work_units.py hands out one unit of work at a time, the longest first). Three on
-# two cores, because tests also wait (health polls, deadlines, signals, a server's start in one process): on the same
-# 2-core machine and tree the suite took 846 s on three workers with the CPUs 0.5% idle, 962 s on two. Ruff and the
+# Two workers (tests/plugins/work_units.py hands out one unit of work at a time, the longest first). Ruff and the
 # strict docs build come first (a broken link or anchor in docs/ fails the target). Ends with the suite's own summary
 # (the 30 slowest steps, engine starts) and the whole target's wall time.
-TEST_WORKERS ?= 3
 test: setup
 	@start=$$(date +%s); $(BIN)/ruff check . && $(MKDOCS_BUILD) && \
-	$(BIN)/python -m pytest -q tests -n $(TEST_WORKERS) --no-loadscope-reorder --durations=30; \
+	$(BIN)/python -m pytest -q tests -n 2 --no-loadscope-reorder --durations=30; \
 	status=$$?; echo "make test: $$(( $$(date +%s) - start )) s (exit $$status)"; exit $$status
 
 # The documentation site (mkdocs.yml, docs/), offline, into site/. --strict: every warning (a page missing from the

@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Each plugin comes after the plugins it imports: pytest rewrites a plugin's asserts only if it imports the module
 # itself, and warns about one that is already imported.
 pytest_plugins = [
-    "plugins.work_units",  # units of work and their order on the workers (pytest-xdist)
+    "plugins.work_units",  # units of work and their order on two workers (pytest-xdist)
     "plugins.engine_starts",  # the session summary's engine starts
     "plugins.releases",  # tiny_dir, quantized_dir, family_dir, family_quantized: built once per run
     "plugins.engines",  # clef_engine: in-process engines shared by the tests that ask for the same one

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from clef_quant.cli import app
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = pytest.mark.unit(order=50)
 
 

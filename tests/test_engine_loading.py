@@ -34,7 +34,7 @@ from clef_quant.quantize.engines_loading import (
 from clef_quant.quantize.registry import schemes
 from clef_quant.quantize.release_files import backbone_weight_files
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = pytest.mark.unit(order=170)
 
 VLLM = ("clef-vllm", "vllm serve + clef-vllm", "vLLM >= 0.33")

@@ -24,7 +24,7 @@ from clef_quant.quantize.recipes import keep_bf16
 from clef_quant.tiny import SIZES, parameter_count
 from clef_quant.tiny.backbone_config import backbone_config, meta_model, placeholder_ids
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = pytest.mark.unit(order=30)
 
 EXAMPLE_REQUEST = Path(__file__).resolve().parents[1] / "examples" / "request.json"

@@ -20,7 +20,7 @@ from clef_quant.evaluation.engines import FreshEngines
 from clef_quant.evaluation.runner import run_eval
 from clef_vllm.errors import SettingsError
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = [pytest.mark.slow, pytest.mark.unit(order=60)]
 
 # vLLM's CPU FP8 path runs at tens of tokens per second on two cores: short prompts, cut at a short limit.

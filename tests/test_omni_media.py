@@ -19,7 +19,7 @@ from clef_vllm.format.media import boundary_frames, cap_frame_pixels
 from clef_vllm.format.media_encoding import FLASH, OMNI, media_text
 from clef_vllm.format.request import parse_request
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = pytest.mark.unit(order=80)
 
 QUESTIONS = {

@@ -25,7 +25,7 @@ from clef_quant.quantize.inspect import inspect_checkpoint
 from clef_quant.quantize.recipes import is_kept_bf16, load_recipe
 from clef_quant.quantize.scan_file import SCAN_CSV, SCAN_JSON, SCAN_MD, SCAN_PNG, ScanFile, ScanSettings, UnitResult
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = pytest.mark.unit(order=40)
 
 RECORDS = 4

@@ -24,7 +24,7 @@ from clef_quant.cli import app
 from clef_quant.release_folder.manifest import MANIFEST_FILE, sha256_file
 from clef_quant.release_folder.writer import OWNER_FILE, Writer, process_start_ticks
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = pytest.mark.unit(order=100)
 
 DRIVER = Path(__file__).with_name("quantize_driver.py")

@@ -24,7 +24,7 @@ from clef_quant.quantize.run import QuantizeConfig, quantize
 from clef_quant.release_folder.manifest import MANIFEST_FILE
 from clef_quant.tiny import make_tiny
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = pytest.mark.unit(order=160)
 
 INDEX = "model.safetensors.index.json"

@@ -15,8 +15,8 @@ Ports 8000 and 8001, which the servers of the examples use, may be taken on a sh
 every block by a free port of its own. Everything else runs verbatim.
 
 The session runs beside the rest of the suite (tests/plugins/readme_session.py, which reads the blocks and runs them;
-its fixture `readme_session`): a serial run starts it with its first test, and on workers it is the first unit of
-work one worker takes while the others run the rest. This test waits for it to end and checks what it printed.
+its fixture `readme_session`): a serial run starts it with its first test, and on two workers it is the first unit of
+work one worker takes while the other runs the rest. This test waits for it to end and checks what it printed.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import re
 import pytest
 from plugins.readme_session import README, REPO, Session, flow_blocks, flow_documents, readme_blocks
 
-# Handed out first on workers: its session is the longest unit, and it runs on one worker while the others run the
-# rest of the suite.
+# Handed out first on two workers: its session is the longest unit, and it runs on one worker while the other runs
+# the rest of the suite.
 pytestmark = pytest.mark.unit(order=10)
 
 

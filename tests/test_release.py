@@ -46,7 +46,7 @@ from clef_quant.release_folder.writer import OWNER_FILE, Writer, boot_id, proces
 from clef_vllm.format.request import parse_request
 from tests.hub_server import AGENT_REGISTRY, LocalHub
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = pytest.mark.unit(order=90)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "eval" / "fixtures"

@@ -33,7 +33,7 @@ from clef_quant.quantize.inspect_report import (
 )
 from clef_quant.release_folder.manifest import hash_files, read_manifest, write_manifest
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = pytest.mark.unit(order=190)
 
 AUDIT = (CHECK_SCALES, CHECK_ZEROS, CHECK_FUSED, CHECK_TARGETS, CHECK_NAMES)

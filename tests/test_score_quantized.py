@@ -21,7 +21,7 @@ from clef_quant.cli import app
 from clef_quant.quantize.inspect import inspect_checkpoint
 from clef_quant.quantize.registry import schemes
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = pytest.mark.unit(order=70)
 
 EXAMPLE_REQUEST = Path(__file__).resolve().parents[1] / "examples" / "request.json"

@@ -19,7 +19,7 @@ from raw_json import NOUL, deep
 from clef_quant.bench.long_inputs import CONTROL, LONG_INPUTS, behind, encode_body, small_latencies
 from clef_quant.bench.processes import free_port, running, systemone_command
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = [pytest.mark.slow, pytest.mark.unit(order=110)]
 
 HEADER_TIMEOUT, BODY_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTIONS = 2, 3, 2, 24

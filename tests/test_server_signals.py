@@ -17,7 +17,7 @@ from servers import ENGINE_FLAGS
 
 from clef_quant.bench.processes import free_port, server_env, systemone_command
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = [pytest.mark.slow, pytest.mark.unit(order=150)]
 
 LOADING_SECONDS = 2.0  # into the engine's own process, well before a tiny engine is ready (20-60 s here)

@@ -18,7 +18,7 @@ from clef_quant.cli import app
 from clef_vllm.engine.cpu.threads import BIND_ENV
 from clef_vllm.errors import CheckpointError, SettingsError
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = pytest.mark.unit(order=180)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "eval" / "fixtures"

@@ -28,7 +28,7 @@ from clef_quant.quantize.recipes import load_recipe
 from clef_quant.quantize.registry import schemes
 from clef_quant.release_folder.manifest import MANIFEST_FILE
 
-# One of the longest modules: handed out early, so the workers end together (tests/plugins/work_units.py).
+# One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = pytest.mark.unit(order=130)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """The release folders the suite shares: the tiny Clef release, its quantized variants and the other Clef models.
 
-Each is built on first use and then read by every test that asks for it; on workers, one folder per run shared by
-all of them, built by whichever asks first. Treat them as read-only.
+Each is built on first use and then read by every test that asks for it; on two workers, one folder per run shared by
+both workers, built by whichever asks first. Treat them as read-only.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The servers the session shares (`shared_systemone`, `vllm_serve`), started beside the suite.
 
 A server takes ~20 s to start, almost all of it in its own processes: started with the first test (from a thread),
-it is up by the time a test asks for it, while the suite went on. On workers the modules that use them are one
+it is up by the time a test asks for it, while the suite went on. On two workers the modules that use them are one
 unit of work (`pytest.mark.unit("shared-servers")`), so one worker starts each server once.
 """
 

@@ -1,13 +1,12 @@
-"""Units of work on pytest-xdist workers (`make test` runs `pytest -n 3`), declared with the `unit` marker.
+"""Units of work on two workers (`make test` runs `pytest -n 2`, pytest-xdist), declared with the `unit` marker.
 
 The suite is bound by CPU work in processes it starts (servers, CLI runs, engines), and one worker leaves a core idle
-between them; its tests also wait (health polls, deadlines), which a worker more than the cores fills. A worker
-takes one unit at a time and runs it whole. A unit is one test module, unless the module names a unit of its own,
-`pytestmark = pytest.mark.unit("NAME")`: the modules on the session's shared servers are one unit, so that one
-worker starts those servers and the others never wait for them. `order=N` hands a unit out before the units with a
-larger N and before those without an order, which follow in the collection's order (a unit whose modules ask for
-different places takes the first): the longest units go first, so that the workers end together (with
-`--no-loadscope-reorder`, which `make test` passes).
+between them. A worker takes one unit at a time and runs it whole. A unit is one test module, unless the module names
+a unit of its own, `pytestmark = pytest.mark.unit("NAME")`: the modules on the session's shared servers are one unit,
+so that one worker starts those servers and the other never waits for them. `order=N` hands a unit out before the
+units with a larger N and before those without an order, which follow in the collection's order (a unit whose
+modules ask for different places takes the first): the longest units go first, so that both workers end together
+(with `--no-loadscope-reorder`, which `make test` passes).
 
 A module without a marker is a unit of its own, so no module is ever left out of the schedule; a marker on a test or
 a class, or with other arguments, fails the collection of its module. The controller does not collect: each worker
@@ -96,7 +95,7 @@ def marker_problem(
             declared_unit(module)
         except ValueError as exc:
             return f"{module.nodeid}: {exc}"
-    # A worker runs whole units: a unit smaller than a module would set the module's fixtures up on several workers.
+    # A worker runs whole units: a unit smaller than a module would set the module's fixtures up on both workers.
     on_module = module.get_closest_marker(MARKER)
     for child in children:
         if isinstance(child, pytest.Item) and child.get_closest_marker(MARKER) is not on_module:
