@@ -17,7 +17,9 @@ $(SETUP_STAMP): $(SETUP_INPUTS)
 	VENV=$(VENV) PYTHON=$(PYTHON) bash scripts/setup_env.sh
 	@touch $@
 
-# Two workers (tests/plugins/work_units.py hands out one unit of work at a time, the longest first). Ruff and the
+# Two workers (tests/plugins/work_units.py hands out one unit of work at a time, the longest first). A third on two
+# cores was tried: 846 s against 962 s in one tree, but 1,041 s on a clean clone, where the extra contention also made
+# a small request's wait behind a 12 MB state (tests/test_server_hostile.py) miss its bound. Ruff and the
 # strict docs build come first (a broken link or anchor in docs/ fails the target). Ends with the suite's own summary
 # (the 30 slowest steps, engine starts) and the whole target's wall time.
 test: setup
