@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,10 +24,44 @@ if TYPE_CHECKING:
 STARTUP_SECONDS = 300
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTEN_PORTS_FLOOR = 20000
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A port nothing listens on, for a server started soon after.
+
+    Drawn below the kernel's ephemeral range: a port from that range (what binding port 0 gives) can be taken in the
+    meantime by any outgoing connection or by an engine's own internal sockets, and the server then fails to bind.
+    Random, so that processes drawing at once rarely meet; never the same one twice in one process.
+    """
+    low = _ephemeral_low()
+    candidates = range(LISTEN_PORTS_FLOOR, low) if low - LISTEN_PORTS_FLOOR >= 1000 else range(0)
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for port in rng.sample(candidates, min(200, len(candidates))):
+        if port not in _handed_out and _can_listen(port):
+            _handed_out.add(port)
+            return port
+    with socket.socket() as sock:  # no such range here: the kernel's choice
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _can_listen(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))  # all addresses: a server on any of them makes this fail
+        except OSError:
+            return False
+    return True
 
 
 def server_env() -> dict[str, str]:

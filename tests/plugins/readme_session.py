@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ RUNS_IN = re.compile(r"^<!-- runs in (?P<page>docs/[\w/.-]+\.md) -->$")
 FENCE = re.compile(r"^```(?P<lang>\w*)\n(?P<code>.*?)^```$", re.MULTILINE | re.DOTALL)
 RUN_LANGS = ("bash", "python")
 TIMEOUT_S = 1500  # far above a normal run (printed with -s), so only a hung block ends it
+BLOCK_TIMEOUT_S = 300  # six times the slowest block's usual time: a block waiting on a server that died ends here
 
 
 @dataclass(frozen=True)
@@ -136,16 +137,22 @@ class Session:
     elapsed: float | None = None
 
     def finish(self) -> None:
-        """Wait for the session to end (at most TIMEOUT_S from its start), then stop whatever it left running."""
+        """Wait for the session to end (at most TIMEOUT_S from its start, BLOCK_TIMEOUT_S for one block), then stop
+        whatever it left running."""
         if self.elapsed is not None:
             return
         try:
-            self.code = self.process.wait(timeout=max(1.0, TIMEOUT_S - (time.monotonic() - self.began)))
-        except subprocess.TimeoutExpired:
-            self.code = None
+            while self.code is None and time.monotonic() - self.began < TIMEOUT_S and not self.block_overran():
+                with suppress(subprocess.TimeoutExpired):
+                    self.code = self.process.wait(timeout=5)
         finally:
             with_group_gone(self.process)
             self.elapsed = time.monotonic() - self.began
+
+    def block_overran(self) -> bool:
+        """Whether the block running now started more than BLOCK_TIMEOUT_S ago (the log stamps each start)."""
+        starts = re.findall(r"^::start \d+ ([\d.]+)$", self.log.read_text(encoding="utf-8", errors="replace"), re.M)
+        return bool(starts) and time.time() - float(starts[-1]) > BLOCK_TIMEOUT_S
 
 
 def start_session(scratch: Path) -> Session:
