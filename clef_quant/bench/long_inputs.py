@@ -219,7 +219,9 @@ def run_long_inputs_bench(
     model, max_model_len = settings.model, settings.max_model_len
     tokenizer = load_tokenizer(model)
     port = free_port()
-    config = serve_config(replace(settings, enforce_eager=True, max_num_batched_tokens=65536), port=port)
+    # Whole long inputs in one step, unless the settings cut them into pieces (--prompt-chunk).
+    step = {} if settings.prompt_chunk else {"max_num_batched_tokens": 65536}
+    config = serve_config(replace(settings, enforce_eager=True, **step), port=port)
     load = load_average()
     with (
         tempfile.TemporaryDirectory() as logs,

@@ -65,6 +65,14 @@ class EngineSettings:
         help="tokens per engine step (default: the larger of 16384 and --max-model-len on a GPU, --max-model-len on "
         "a CPU; lower values need --no-batch-invariant)",
     )
+    prompt_chunk: int | None = setting(
+        None,
+        help="where each step runs one prompt (a CPU): run prompts longer than N tokens in pieces of N, one piece a "
+        "step, requests in flight taking turns, so that a short request waits for a piece instead of a whole long "
+        "prompt. Answers still never depend on load; those of prompts over N tokens differ slightly from the whole "
+        "prompt's. --max-num-seqs is then how many requests are in flight (default 8, or what the KV cache holds)",
+        at_least=16,
+    )
     enforce_eager: bool = setting(
         False, help="skip graph capture and compilation (on a GPU both are on by default; a CPU starts faster without)"
     )
@@ -168,6 +176,7 @@ class EngineSettings:
             "batch_invariant": self.batch_invariant,
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
+            "prompt_chunk": self.prompt_chunk,
         }
 
     def parallel(self) -> dict[str, int]:
@@ -216,6 +225,7 @@ class EngineSettings:
         given = {
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
+            "prompt_chunk": self.prompt_chunk,
             "tensor_parallel_size": self.tensor_parallel_size if self.tensor_parallel_size != 1 else None,
             "data_parallel_size": self.data_parallel_size if self.data_parallel_size != 1 else None,
             "enforce_eager": True if self.enforce_eager else None,

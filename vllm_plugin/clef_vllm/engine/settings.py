@@ -85,16 +85,26 @@ def warn_kv_cache_space_ignored(kv_cache_memory_bytes: Any) -> None:
         )
 
 
+# Requests in flight at once when prompts are cut into pieces (`--prompt-chunk`), unless --max-num-seqs says;
+# the KV cache may hold fewer at full length (clef_vllm.engine.turns).
+PIECES_IN_FLIGHT = 8
+
+
 def schedule_args(
     *,
     max_model_len: int,
     batch_invariant: bool = True,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    prompt_chunk: int | None = None,
     method: str | None = None,
 ) -> dict[str, Any]:
     """The scheduler limits for vLLM. With `batch_invariant` no prompt is split across steps, and with the
-    one-prompt-per-step method (`clef_vllm.engine.invariance`; default: this machine's) each step runs one prompt."""
+    one-prompt-per-step method (`clef_vllm.engine.invariance`; default: this machine's) each step runs one prompt,
+    or with `prompt_chunk` one piece of a prompt (`clef_vllm.engine.turns`)."""
+    method = method or invariance_method(uses_gpu())
+    if prompt_chunk is not None:
+        return chunk_args(prompt_chunk, max_model_len, batch_invariant, max_num_seqs, max_num_batched_tokens, method)
     if not batch_invariant:
         args: dict[str, Any] = {}
         if max_num_seqs is not None:
@@ -107,7 +117,7 @@ def schedule_args(
             f"max_num_batched_tokens={max_num_batched_tokens} is below max_model_len={max_model_len}: long "
             "prompts would be split across steps; turn batch invariance off to allow it"
         )
-    if batches_whole_prompts(method or invariance_method(uses_gpu())):
+    if batches_whole_prompts(method):
         args = {
             "enable_chunked_prefill": False,
             "max_num_batched_tokens": max_num_batched_tokens or max(max_model_len, GPU_STEP_TOKENS),
@@ -121,6 +131,38 @@ def schedule_args(
             "on a GPU without FP4 kernels) makes answers depend on load; turn batch invariance off to allow it"
         )
     return {"max_num_seqs": 1, "max_num_batched_tokens": max_num_batched_tokens or max_model_len}
+
+
+def chunk_args(
+    prompt_chunk: int,
+    max_model_len: int,
+    batch_invariant: bool,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    method: str,
+) -> dict[str, Any]:
+    """Pieces of `prompt_chunk` tokens, one per step, requests in flight taking turns (`clef_vllm.engine.turns`);
+    `max_num_seqs` is how many requests are in flight."""
+    if not batch_invariant:
+        raise SettingsError(
+            "prompt_chunk cuts prompts at fixed places so that answers do not move with load; with batch invariance "
+            "off vLLM already splits prompts (max_num_batched_tokens)"
+        )
+    if batches_whole_prompts(method):
+        raise SettingsError(
+            "prompt_chunk applies where each step runs one prompt (a CPU; NVFP4 on a GPU without FP4 kernels); "
+            "this GPU batches whole prompts, so a short request shares the step of a long one instead of waiting"
+        )
+    if max_num_batched_tokens is not None:
+        raise SettingsError(f"prompt_chunk={prompt_chunk} sets the tokens per step; leave max_num_batched_tokens out")
+    from clef_vllm.engine.turns import QUALNAME
+
+    return {
+        "enable_chunked_prefill": True,
+        "max_num_batched_tokens": min(prompt_chunk, max_model_len),
+        "max_num_seqs": max_num_seqs or PIECES_IN_FLIGHT,
+        "scheduler_cls": QUALNAME,
+    }
 
 
 def gpu_defaults(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -155,6 +197,7 @@ def engine_args(
         batch_invariant=batch_invariant,
         max_num_seqs=overrides.pop("max_num_seqs", None),
         max_num_batched_tokens=overrides.pop("max_num_batched_tokens", None),
+        prompt_chunk=overrides.pop("prompt_chunk", None),
         method=invariance_method(gpu, model),
     )
 
