@@ -207,6 +207,12 @@ def test_engine_arguments_are_checked_as_clef_systemone_checks_them(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_pieces_of_prompts_are_refused_outside_the_long_inputs_run(tiny_dir: Path, tmp_path: Path) -> None:
+    command = ["bench", "serve", "--model", "{tiny}", "--prompt-chunk", "1024", "--out", "{tmp}/s.md"]
+    assert refused(command, tmp_path, tiny_dir).startswith("--prompt-chunk applies to --long-inputs")
+    assert list(tmp_path.iterdir()) == []
+
+
 def exits(reason: str) -> list[str]:
     """A server that says why it will not start, the way clef-systemone refuses its flags, and exits."""
     script = f"import sys; print('starting'); print({reason!r}, file=sys.stderr); sys.exit(2)"

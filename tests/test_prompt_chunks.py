@@ -28,13 +28,13 @@ def body(name: str, words: int, seed: int) -> dict[str, Any]:
     return {"model": "m", "id": name, "state": state, "questions": questions}
 
 
-LONG_A, LONG_B = body("long-a", 700, 1), body("long-b", 900, 2)
+LONG_A, LONG_B = body("long-a", 350, 1), body("long-b", 450, 2)
 SHORTS = [body(f"short-{i}", 6 + 3 * i, 10 + i) for i in range(3)]
 
 
 @pytest.fixture(scope="module")
 def chunked(clef_engine: Any, tiny_dir: Path) -> Any:
-    return clef_engine(tiny_dir, prompt_chunk=CHUNK)
+    return clef_engine(tiny_dir, prompt_chunk=CHUNK, language_model_only=True)
 
 
 def test_a_long_prompt_gets_the_same_bits_alone_and_among_others(chunked: Any) -> None:
@@ -49,7 +49,7 @@ def test_a_long_prompt_gets_the_same_bits_alone_and_among_others(chunked: Any) -
 
 
 def test_pieces_answer_within_rounding_of_the_whole_prompt(chunked: Any, clef_engine: Any, tiny_dir: Path) -> None:
-    whole = clef_engine(tiny_dir)
+    whole = clef_engine(tiny_dir)  # the suite's engine: the vision tower it loads does not touch text prompts
     encoding = chunked.encode(LONG_B)[1]
     counts = [len(options) for options in encoding.option_spans]
     pieces = flat_probabilities(chunked.logits([encoding])[0], counts)
@@ -90,3 +90,14 @@ def test_pieces_are_refused_where_they_would_not_keep_answers_fixed_or_not_help(
     arguments = {"max_model_len": 4096, "prompt_chunk": 512, "method": "one prompt per step", **given}
     with pytest.raises(SettingsError, match=refused):
         schedule_args(**arguments)
+
+
+def test_pieces_are_for_text_prompts_only(tiny_dir: Path) -> None:
+    from clef_vllm.engine.engine_settings import EngineSettings
+
+    refused = r"--prompt-chunk \(prompt_chunk\) cuts text prompts only: add --language-model-only"
+    with pytest.raises(SettingsError, match=refused):
+        EngineSettings(model=str(tiny_dir), prompt_chunk=1024).check()
+    with pytest.raises(SettingsError, match=refused):
+        EngineSettings(model=str(tiny_dir), prompt_chunk=1024).vllm_kwargs()
+    EngineSettings(model=str(tiny_dir), prompt_chunk=1024, limit_images=0, limit_videos=0).check()

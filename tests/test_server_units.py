@@ -277,7 +277,10 @@ def given(config_field: dataclasses.Field, kind: type) -> tuple[list[str], objec
         return [flag], not config_field.default
     if kind is str:
         return [flag, "acme/other"], "acme/other"
+    from clef_vllm.engine.flags import setting_of
+
     base = config_field.default if isinstance(config_field.default, (int, float)) else 3
+    base = max(base, setting_of(config_field).at_least or base)
     value = kind(base + 1 if kind is int else base + 0.5)
     return [flag, str(value)], value
 

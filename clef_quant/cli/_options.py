@@ -259,6 +259,8 @@ def engine_settings(
     enforce_eager: bool = False,
     engine_arg: list[str] | None = None,
     server: bool = False,
+    prompt_chunk: int | None = None,
+    language_model_only: bool = False,
 ) -> EngineSettings:
     """The engine settings a command's flags give (`--engine-arg` values for keys with a field there set it), or
     one `error:` line for a value no engine takes. `server`: the command also starts clef-systemone with them, so
@@ -282,6 +284,8 @@ def engine_settings(
             max_model_len=max_model_len,
             batch_invariant=batch_invariant,
             enforce_eager=enforce_eager,
+            prompt_chunk=prompt_chunk,
+            language_model_only=language_model_only,
         )
     except SettingsError as exc:
         raise fail(str(exc)) from None

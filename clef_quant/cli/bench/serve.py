@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from clef_quant.cli._errors import user_errors
+from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import (
     EngineArgOption,
     check_engines,
@@ -45,6 +45,14 @@ def serve(
             "12 MB of instructions), written as the report's last section; --clients small clients.",
         ),
     ] = False,
+    prompt_chunk: Annotated[
+        int | None,
+        typer.Option(
+            min=16,
+            help="With --long-inputs: long prompts in pieces of N tokens, in turns (clef-systemone's --prompt-chunk, "
+            "with --language-model-only).",
+        ),
+    ] = None,
     device: Annotated[
         str,
         device_option("Where the reference runs; the engines run where vLLM runs (eager only on a CPU)."),
@@ -66,11 +74,20 @@ def serve(
     from clef_quant.bench.report_paths import write_report
     from clef_quant.bench.serve import render_markdown, result_json, run_serve_bench
 
+    if prompt_chunk is not None and not long_inputs:
+        raise fail("--prompt-chunk applies to --long-inputs (the other runs set their own step sizes)")
     require_release(model, hint=f"clef-quant make-tiny {model} --size small")
     # Read before the run: a report that cannot be read ends the command before minutes of measuring.
     report, section = read_report(out)
     # A bad --engine-arg is refused before anything starts, as clef-systemone would refuse it and as vLLM would.
-    settings = engine_settings(model, max_model_len=max_model_len, engine_arg=engine_arg, server=True)
+    settings = engine_settings(
+        model,
+        max_model_len=max_model_len,
+        engine_arg=engine_arg,
+        server=True,
+        prompt_chunk=prompt_chunk,
+        language_model_only=prompt_chunk is not None,  # the long inputs are text, and pieces are for text
+    )
     check_engines([model], settings)
     if long_inputs:
         _long_inputs(settings, clients or 4, out, report)

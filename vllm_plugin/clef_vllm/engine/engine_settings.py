@@ -70,7 +70,8 @@ class EngineSettings:
         help="where each step runs one prompt (a CPU): run prompts longer than N tokens in pieces of N, one piece a "
         "step, requests in flight taking turns, so that a short request waits for a piece instead of a whole long "
         "prompt. Answers still never depend on load; those of prompts over N tokens differ slightly from the whole "
-        "prompt's. --max-num-seqs is then how many requests are in flight (default 8, or what the KV cache holds)",
+        "prompt's. Text only (with --language-model-only). --max-num-seqs is then how many requests are in flight "
+        "(default 8, or what the KV cache holds)",
         at_least=16,
     )
     enforce_eager: bool = setting(
@@ -191,9 +192,10 @@ class EngineSettings:
     def check(self) -> None:
         """Raise `SettingsError` for contradicting settings, before anything is loaded."""
         from clef_vllm.engine.invariance import invariance_method, uses_gpu
-        from clef_vllm.engine.settings import schedule_args
+        from clef_vllm.engine.settings import check_text_pieces, schedule_args
 
         schedule_args(**self.schedule(), method=invariance_method(uses_gpu(), self.model))
+        check_text_pieces(self.prompt_chunk, self.limits)
         self.check_ranks()
 
     def check_ranks(self) -> None:

@@ -13,7 +13,9 @@ By default (`batch_invariant=True`) a request's probabilities are the same bits 
 (`clef_vllm.engine.invariance` says how, per platform): on a GPU, vLLM batches whole prompts and runs kernels
 whose reductions do not follow the step's size; on a CPU, each engine step runs one whole prompt.
 `batch_invariant=False` lets vLLM batch and split prompts freely (`max_num_seqs`, `max_num_batched_tokens`):
-answers then move in the third decimal with load.
+answers then move in the third decimal with load. `prompt_chunk=N` (text only: with `language_model_only=True`)
+keeps them fixed and runs prompts longer than N tokens in pieces, the requests in flight taking steps in turn
+(`clef_vllm.engine.turns`).
 
 On a GPU the engine compiles the model and replays CUDA graphs unless `enforce_eager=True`, and Gated DeltaNet's
 prefill runs vLLM's Triton kernels when FlashInfer is not installed (vLLM's own choice on Hopper is FlashInfer).

@@ -115,7 +115,8 @@ def schedule_args(
     if max_num_batched_tokens is not None and max_num_batched_tokens < max_model_len:
         raise SettingsError(
             f"max_num_batched_tokens={max_num_batched_tokens} is below max_model_len={max_model_len}: long "
-            "prompts would be split across steps; turn batch invariance off to allow it"
+            "prompts would be split across steps; turn batch invariance off (--no-batch-invariant, "
+            "batch_invariant=False) to allow it"
         )
     if batches_whole_prompts(method):
         args = {
@@ -128,7 +129,8 @@ def schedule_args(
     if max_num_seqs not in (None, 1):
         raise SettingsError(
             f"max_num_seqs={max_num_seqs} puts several prompts in one engine step, which here (on a CPU, or NVFP4 "
-            "on a GPU without FP4 kernels) makes answers depend on load; turn batch invariance off to allow it"
+            "on a GPU without FP4 kernels) makes answers depend on load; turn batch invariance off "
+            "(--no-batch-invariant, batch_invariant=False) to allow it"
         )
     return {"max_num_seqs": 1, "max_num_batched_tokens": max_num_batched_tokens or max_model_len}
 
@@ -165,6 +167,17 @@ def chunk_args(
     }
 
 
+def check_text_pieces(prompt_chunk: int | None, limits: Limits) -> None:
+    """Refuse pieces of prompts (`prompt_chunk`) where requests may hold images or videos: vLLM ends a piece before
+    a picture its encoder cache has no room for, and that room depends on the pictures of the other requests in
+    flight, so the piece would end where the load says."""
+    if prompt_chunk is not None and limits.media_enabled:
+        raise SettingsError(
+            "--prompt-chunk (prompt_chunk) cuts text prompts only: add --language-model-only (language_model_only="
+            "True), or --limit-images 0 --limit-videos 0"
+        )
+
+
 def gpu_defaults(overrides: dict[str, Any]) -> dict[str, Any]:
     """What a GPU engine gets unless asked otherwise: Triton's Gated DeltaNet prefill where FlashInfer, vLLM's
     choice on Hopper, is not installed."""
@@ -192,6 +205,7 @@ def engine_args(
     refuse_engine_keys(overrides)
     check_quantization(model, overrides.get("quantization"))
     gpu = uses_gpu() if gpu is None else gpu
+    check_text_pieces(overrides.get("prompt_chunk"), limits)
     schedule = schedule_args(
         max_model_len=max_model_len,
         batch_invariant=batch_invariant,

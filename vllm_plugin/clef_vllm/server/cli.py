@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config.check()
     except SettingsError as exc:
-        refuse(f"{exc} (--no-batch-invariant)")
+        refuse(str(exc))
     _log_requests()
     died = False
 
