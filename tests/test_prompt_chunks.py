@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import math
 import random
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
+from servers import systemone
 
 from clef_quant.bench.workload import sentence
 from clef_vllm.engine.pooling_contract import pooling_params
@@ -74,6 +77,18 @@ def test_a_short_request_is_answered_between_the_pieces_of_long_ones(chunked: An
     # Turns: one piece of each long request, then the short one (one step at a time, it would have come last).
     assert finished_at["short-0"] == 3
     assert finished_at["long-a"] < finished_at["long-b"] == step
+
+
+@pytest.mark.slow
+def test_the_server_answers_in_pieces_with_the_offline_engines_bits(chunked: Any, tiny_dir: Path, tmp_path: Path):
+    """`clef-systemone --prompt-chunk`: its engine core runs the scheduler in a process of its own, and two long
+    requests and a short one sent at once get what the offline engine gives each of them."""
+    bodies = [LONG_A, LONG_B, SHORTS[0]]
+    flags = ["--prompt-chunk", str(CHUNK), "--language-model-only", "--max-model-len", "4096", "--enforce-eager"]
+    with systemone(tiny_dir, tmp_path / "server.log", *flags) as (url, _), ThreadPoolExecutor(len(bodies)) as pool:
+        served = list(pool.map(lambda body: httpx.post(f"{url}/v1/systemone", json=body, timeout=120), bodies))
+    assert [response.status_code for response in served] == [200, 200, 200]
+    assert [response.json() for response in served] == chunked.score(bodies)
 
 
 @pytest.mark.parametrize(
