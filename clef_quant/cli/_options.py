@@ -260,12 +260,12 @@ def engine_settings(
     engine_arg: list[str] | None = None,
     server: bool = False,
     prompt_chunk: int | None = None,
-    language_model_only: bool = False,
 ) -> EngineSettings:
     """The engine settings a command's flags give (`--engine-arg` values for keys with a field there set it), or
     one `error:` line for a value no engine takes. `server`: the command also starts clef-systemone with them, so
     `--engine-arg` is checked as it checks it (keys it has a flag for are refused), before anything runs rather
-    than when the server exits."""
+    than when the server exits. `prompt_chunk`: the command's --prompt-chunk (pieces of text prompts, so the engine
+    also loads no vision tower)."""
     from clef_vllm.engine.engine_settings import EngineSettings
     from clef_vllm.engine.options import engine_overrides
     from clef_vllm.errors import SettingsError
@@ -277,6 +277,8 @@ def engine_settings(
         except SettingsError as exc:
             why = "clef-systemone refuses it, and every engine this command starts, its servers too, gets --engine-arg"
             raise fail(str(exc), hint=why) from None
+    # Named only when given: a field named here makes `--engine-arg` refuse its key, pointing to a flag.
+    pieces = {"prompt_chunk": prompt_chunk, "language_model_only": True} if prompt_chunk is not None else {}
     try:
         return EngineSettings.from_engine_args(
             model,
@@ -284,8 +286,7 @@ def engine_settings(
             max_model_len=max_model_len,
             batch_invariant=batch_invariant,
             enforce_eager=enforce_eager,
-            prompt_chunk=prompt_chunk,
-            language_model_only=language_model_only,
+            **pieces,
         )
     except SettingsError as exc:
         raise fail(str(exc)) from None

@@ -85,8 +85,7 @@ def serve(
         max_model_len=max_model_len,
         engine_arg=engine_arg,
         server=True,
-        prompt_chunk=prompt_chunk,
-        language_model_only=prompt_chunk is not None,  # the long inputs are text, and pieces are for text
+        prompt_chunk=prompt_chunk,  # with --language-model-only: the long inputs are text, and pieces are for text
     )
     check_engines([model], settings)
     if long_inputs:
