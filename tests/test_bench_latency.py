@@ -24,7 +24,7 @@ def invoke(*args: object):
 def test_each_workload_is_timed_on_the_release_and_reported_beside_flide(tiny_dir: Path, tmp_path: Path) -> None:
     # The engine is the command's own: no shared engine takes the quality workload's 7k tokens.
     out = tmp_path / "latency.md"
-    result = invoke("--release", tiny_dir, "--repeats", 2, "--enforce-eager", "--out", out)
+    result = invoke("--release", tiny_dir, "--repeats", 2, "--enforce-eager", "--profile", "--out", out)
     assert result.exit_code == 0, (result.output, result.exception)
     assert f"wrote {out} and {out.with_suffix('.json')}" in result.stdout
 
@@ -50,6 +50,43 @@ def test_each_workload_is_timed_on_the_release_and_reported_beside_flide(tiny_di
         cells = [cell.strip() for cell in line.strip("|").split("|")]
         assert cells[2:4] == ["2", f"{row['input_tokens']:,}"]
         assert cells[8:10] == [f"{FLIDE_MS[name]:.1f}", f"{SGLANG_MS[name]:.1f}"]
+
+    # --profile: each workload read from a trace of its own, written where the help says.
+    traces = [row["breakdown"]["trace"] for row in release["workloads"]]
+    assert len(set(traces)) == len(traces) == len(FLIDE_MS)
+    assert all((tmp_path / "latency-traces" / "release-1" / trace).is_file() for trace in traces)
+    assert all(row["breakdown"]["wall_ms"] > 0 and not row["breakdown"]["gpu"] for row in release["workloads"])
+    assert "## Where one request's engine time goes (ms, torch profiler)" in report
+    assert "ran on a CPU: its trace has no GPU kernels" in report
+
+
+def test_a_profiled_gpu_workload_reports_each_part_in_its_column() -> None:
+    from clef_quant.bench.latency import LatencyResult, ReleaseLatency, WorkloadLatency
+    from clef_quant.bench.latency_report import PROFILE_PARTS, render_markdown
+    from clef_quant.bench.profile_trace import Breakdown
+
+    parts = {"GEMM": 30.0, "Gated DeltaNet": 5.0, "pooler and head": 1.5}
+    breakdown = Breakdown(parts_ms=parts, busy_ms=36.5, wall_ms=40.0, kernels=800, trace="t.json")
+    row = WorkloadLatency(workload="race", input_tokens=685, state_tokens=426, flide_ms=50.8, sglang_ms=91.3)
+    row.latency_ms, row.encode_ms, row.breakdown = [41.0], [1.0], breakdown
+    result = LatencyResult(
+        machine="H100", date="d", versions={}, command="c", repeats=1, max_model_len=12288, engine={}
+    )
+    result.releases = [ReleaseLatency(release="/w/clef-FP8_DYNAMIC", model="clef", scheme="FP8_DYNAMIC")]
+    result.releases[0].workloads = [row]
+
+    report = render_markdown(result)
+
+    header, _, line = report.split("## Where one request's engine time goes")[1].strip().splitlines()[2:5]
+    cells = dict(zip(header.strip("|").split("|"), line.strip("|").split("|"), strict=True))
+    cells = {key.strip(): value.strip() for key, value in cells.items()}
+    assert [cells[part] for part in PROFILE_PARTS] == [
+        f"{parts.get(part, 0.0):.2f}" for part in PROFILE_PARTS
+    ]
+    assert (cells["GPU idle"], cells["engine wall"], cells["kernels"]) == ("3.50", "40.00", "800")
+    assert "ran on a CPU" not in report
+    # The JSON holds the breakdown and reads back.
+    assert LatencyResult.model_validate_json(result.model_dump_json()).releases[0].workloads[0].breakdown == breakdown
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,10 @@ workload's `repeats` requests run one after another. A request is timed from its
 `ClefEngine.score` handles one body: validating and encoding it (tokenizer, image processor), the engine, the
 answers; the encoding's share is recorded beside it. Results are saved after every workload, so a run cut short
 keeps what it measured.
+
+Profiled (`profile_root`), each release's engine starts with vLLM's torch profiler configured, and after its timed
+requests each workload runs `PROFILED_REQUESTS` more times under the profiler: where one request's engine time goes,
+by part of the model, and how long the GPU sat idle.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from clef_quant.bench.engine_record import recorded_engine
 from clef_quant.bench.errors import BenchError
 from clef_quant.bench.flide_workloads import FlideWorkload
 from clef_quant.bench.modes import MODES, failure_line, median, mode_settings, percentile, started_engine
+from clef_quant.bench.modes_profile import profiled_calls, profiler_engine_kwargs
+from clef_quant.bench.profile_trace import Breakdown
 from clef_quant.bench.releases import row_name
 from clef_quant.families import family_of_folder
 from clef_quant.formatting import utc_minute
@@ -44,6 +50,7 @@ class WorkloadLatency(BaseModel):
     sglang_ms: float
     latency_ms: list[float] = []
     encode_ms: list[float] = []  # of each latency: validating and encoding the body
+    breakdown: Breakdown | None = None  # profiled runs only: the engine's share of one request, by part
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -133,10 +140,21 @@ def time_request(engine: Any, body: dict[str, Any]) -> tuple[float, float, int]:
     return (end - start) * 1000, (encoded - start) * 1000, encoding.num_tokens
 
 
+# Requests of each workload under the profiler: one trace per workload, the breakdown their mean.
+PROFILED_REQUESTS = 3
+
+
 def measure_workloads(
-    engine: Any, workloads: list[FlideWorkload], run: ReleaseLatency, *, repeats: int, save: Callable[[], object]
+    engine: Any,
+    workloads: list[FlideWorkload],
+    run: ReleaseLatency,
+    *,
+    repeats: int,
+    save: Callable[[], object],
+    trace_dir: Path | None = None,
 ) -> None:
-    """Every workload once untimed, then `repeats` timed requests of each, saving after each workload."""
+    """Every workload once untimed, then `repeats` timed requests of each, then (`trace_dir`: the engine was started
+    with the profiler writing there) `PROFILED_REQUESTS` more under the profiler; saving after each workload."""
     tokens = {workload.name: time_request(engine, workload.body)[2] for workload in workloads}
     for workload in workloads:
         row = WorkloadLatency(
@@ -151,6 +169,9 @@ def measure_workloads(
             total_ms, encode_ms, _ = time_request(engine, workload.body)
             row.latency_ms.append(total_ms)
             row.encode_ms.append(encode_ms)
+        if trace_dir is not None:
+            _, encoding = engine.encode(workload.body)
+            row.breakdown = profiled_calls(engine, [[encoding]] * PROFILED_REQUESTS, trace_dir)
         save()
 
 
@@ -160,22 +181,26 @@ def run_latency(
     save: Callable[[], object],
     settings: EngineSettings,
     *,
+    profile_root: Path | None = None,
     progress: Progress | None = None,
 ) -> LatencyResult:
     """Each release's engine in turn, `settings` for its folder: started, measured on its workloads, stopped;
     `save` writes `result` after every workload. A release that fails keeps its error in the result and the next
-    one runs. Images stay allowed (the gqa workload holds one), unlike the text-only engines of `bench modes`."""
+    one runs. Images stay allowed (the gqa workload holds one), unlike the text-only engines of `bench modes`.
+    `profile_root`: profile each workload too, the traces of the n-th release under `release-<n>` there."""
     stage = Stages(progress)
-    for run, workloads in releases:
+    for index, (run, workloads) in enumerate(releases, start=1):
+        trace_dir = None if profile_root is None else profile_root / f"release-{index}"
+        extra = profiler_engine_kwargs(trace_dir) if trace_dir is not None else None
         stage(f"{run.release}: starting the engine")
         result.releases.append(run)
         start = time.perf_counter()
         try:
             mode = MODES["invariant"]
-            with started_engine(mode_settings(settings.for_model(run.release), mode), mode) as engine:
+            with started_engine(mode_settings(settings.for_model(run.release), mode, extra), mode) as engine:
                 run.start_s = time.perf_counter() - start
                 stage(f"{run.release}: timing {len(workloads)} workloads")
-                measure_workloads(engine, workloads, run, repeats=result.repeats, save=save)
+                measure_workloads(engine, workloads, run, repeats=result.repeats, save=save, trace_dir=trace_dir)
         except Exception as exc:  # a release that cannot run here is a result, not the end of the run
             run.error = failure_line(exc)
         save()

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from clef_quant.bench import report_paths
 from clef_quant.bench.flide_workloads import MULTIRC_QUESTIONS
-from clef_quant.bench.latency import LatencyResult
+from clef_quant.bench.latency import PROFILED_REQUESTS, LatencyResult, ReleaseLatency
+from clef_quant.bench.profile_trace import MEMCPY, OTHER, PARTS, POOLER
 from clef_quant.formatting import facts_table, markdown_table
 
 TITLE = "One request at a time: the Flide workloads"
@@ -67,7 +68,38 @@ def render_markdown(result: LatencyResult) -> str:
         for w in run.workloads
     ]
     lines += [markdown_table(HEADER, rows, "ll" + "r" * (len(HEADER) - 2)), ""]
+    lines += _profile_section(result.releases)
     return "\n".join(lines)
+
+
+# The parts in a fixed order, so that two releases' rows read side by side.
+PROFILE_PARTS = (*(part for part, _ in PARTS), POOLER, OTHER, MEMCPY)
+
+
+def _profile_section(releases: list[ReleaseLatency]) -> list[str]:
+    profiled = [(run, w) for run in releases for w in run.workloads if w.breakdown is not None]
+    if not profiled:
+        return []
+    header = ("release", "workload", *PROFILE_PARTS, "GPU idle", "engine wall", "kernels")
+    rows = []
+    for run, w in profiled:
+        b = w.breakdown
+        assert b is not None
+        parts = [f"{b.parts_ms.get(part, 0.0):.2f}" if b.gpu else "" for part in PROFILE_PARTS]
+        idle = f"{b.idle_ms:.2f}" if b.gpu else ""
+        rows.append([f"`{run.release}`", w.workload, *parts, idle, f"{b.wall_ms:.2f}", f"{b.kernels:.0f}"])
+    lines = ["## Where one request's engine time goes (ms, torch profiler)", ""]
+    lines += [markdown_table(header, rows, "ll" + "r" * (len(header) - 2)), ""]
+    lines.append(
+        f"Each workload {PROFILED_REQUESTS} more times after its timed requests, under vLLM's torch profiler: GPU "
+        "kernel time summed by part of the model (kernel names, `clef_quant.bench.profile_trace`), the GPU's idle "
+        "time (scheduling, IPC, launch gaps), and the wall time of the engine call (encoding and answers left out), "
+        "per request."
+    )
+    if any(w.breakdown is not None and not w.breakdown.gpu for _, w in profiled):
+        lines.append("A row with only its wall time ran on a CPU: its trace has no GPU kernels to sum by part.")
+    lines.append("")
+    return lines
 
 
 def write_report(result: LatencyResult, out: Path) -> list[Path]:

@@ -48,18 +48,27 @@ def latency(
     ] = 12288,
     enforce_eager: EnforceEagerOption = False,
     engine_arg: EngineArgOption = None,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            help="Also run each workload a few more times under vLLM's torch profiler: the engine's time per request "
+            "by part of the model (GEMM, Gated DeltaNet, attention, ...) and the GPU's idle time, in the report; the "
+            "traces go to a folder beside --out (<stem>-traces)."
+        ),
+    ] = False,
 ) -> None:
     """Time the five Flide-shaped workloads of `bench workloads` one request at a time on each release: input and
     state tokens, p50 and p95 ms, beside the medians Flide and SGLang publish for the 27B on one H200.
 
     Each release runs in its own engine in the default mode (invariant kernels; on a GPU torch.compile and CUDA
     graphs unless --enforce-eager). Every workload runs once untimed, then --repeats times one after another, each
-    request timed from its body to its answers. Stopped early (Ctrl-C, SIGTERM), it writes what it measured.
+    request timed from its body to its answers. With --profile, each workload then runs under the profiler. Stopped
+    early (Ctrl-C, SIGTERM), it writes what it measured.
 
     Example: clef-quant bench latency --release artifacts/tiny --repeats 2 --enforce-eager \\
         --out artifacts/flide-latency.md
 
-    Example: clef-quant bench latency --release /dev/shm/clef --release /dev/shm/clef-FP8_DYNAMIC \\
+    Example: clef-quant bench latency --release /dev/shm/clef --release /dev/shm/clef-FP8_DYNAMIC --profile \\
         --out bench/results/flide-latency-h200.md
     """
     from clef_quant.bench.latency import latency_runs, run_latency, starting_result
@@ -83,7 +92,8 @@ def latency(
     result = starting_result(command_line(), repeats=repeats, settings=settings)
     # Stopped early (Ctrl-C, or SIGTERM, which user_errors turns into the same), it writes what it measured.
     with stage_line("benchmarking") as progress, report_written(lambda: write_report(result, out)):
-        run_latency(runs, result, lambda: write_report(result, out), settings, progress=progress)
+        traces = out.with_name(f"{out.stem}-traces") if profile else None
+        run_latency(runs, result, lambda: write_report(result, out), settings, profile_root=traces, progress=progress)
         _print_table(result)
     failed = [run for run in result.releases if run.error]
     for run in failed:
