@@ -80,9 +80,7 @@ def test_a_profiled_gpu_workload_reports_each_part_in_its_column() -> None:
     header, _, line = report.split("## Where one request's engine time goes")[1].strip().splitlines()[2:5]
     cells = dict(zip(header.strip("|").split("|"), line.strip("|").split("|"), strict=True))
     cells = {key.strip(): value.strip() for key, value in cells.items()}
-    assert [cells[part] for part in PROFILE_PARTS] == [
-        f"{parts.get(part, 0.0):.2f}" for part in PROFILE_PARTS
-    ]
+    assert [cells[part] for part in PROFILE_PARTS] == [f"{parts.get(part, 0.0):.2f}" for part in PROFILE_PARTS]
     assert (cells["GPU idle"], cells["engine wall"], cells["kernels"]) == ("3.50", "40.00", "800")
     assert "ran on a CPU" not in report
     # The JSON holds the breakdown and reads back.
