@@ -1,7 +1,9 @@
 """Schemes beyond round-to-nearest, the sensitivity scan and `--scheme auto`, on the tiny release.
 
 Every folder here is made by `clef-quant quantize` with the same calibration (the shipped file, 4 records of at
-most 512 tokens), so the schemes differ only in their recipes. Quality is measured as `clef-quant eval` does:
+most 512 tokens), so the schemes differ only in their recipes. A scheme with nothing else set is the session's shared
+folder (`quantized_dir`: the same 4 records, each shorter than 512 tokens, so its longer token limit cuts nothing),
+scored on the engines the other modules share. Quality is measured as `clef-quant eval` does:
 the tiny release through transformers in bf16 is the reference, each folder runs through the clef-vllm plugin,
 and KL is the mean over every question of the requests that calibration did not draw.
 """
@@ -15,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from plugins.releases import QUANTIZE_TEST_RECORDS
 from typer.testing import CliRunner
 
 from clef_quant.cli import app
@@ -28,8 +31,10 @@ from clef_quant.quantize.scan_file import SCAN_CSV, SCAN_JSON, SCAN_MD, SCAN_PNG
 # One of the longest modules: handed out early, so both workers end together (tests/plugins/work_units.py).
 pytestmark = pytest.mark.unit(order=40)
 
-RECORDS = 4
+RECORDS = QUANTIZE_TEST_RECORDS
 MAX_SEQ_LEN = 512
+# The engine argument the plugin tests start their engines with: the same engine, not started again.
+ENGINE_KWARGS = {"max_num_batched_tokens": 4096}
 NEW_SCHEMES = {
     "nvfp4-gptq": "NVFP4",
     "nvfp4-awq": "NVFP4",
@@ -62,14 +67,17 @@ def cli(*args: str) -> object:
 
 
 @pytest.fixture(scope="module")
-def built(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """`built(scheme, **extra) -> Path`: tiny_dir quantized with `scheme`, once per module."""
+def built(tiny_dir: Path, quantized_dir, tmp_path_factory: pytest.TempPathFactory):
+    """`built(scheme, **extra) -> Path`: tiny_dir quantized with `scheme`, once per module (the session's shared
+    folder where nothing else is set)."""
     from clef_quant.quantize.run import QuantizeConfig, quantize
 
     root = tmp_path_factory.mktemp("schemes")
     folders: dict[str, Path] = {}
 
     def get(scheme: str, name: str | None = None, **extra: object) -> Path:
+        if name is None and not extra:
+            return quantized_dir(scheme)
         name = name or scheme
         if name not in folders:
             config = QuantizeConfig(
@@ -134,6 +142,17 @@ def plugin_kl(engine, requests: list[dict], reference: list[list[np.ndarray]]) -
 # -- recipes ----------------------------------------------------------------------------------------------------
 
 
+def test_the_shared_folders_calibrate_on_what_this_module_would(tokenizer) -> None:
+    """`built` hands out the session's folders, quantized with the default token limit: the same calibration
+    only while no drawn record reaches MAX_SEQ_LEN."""
+    from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN, build_calibration
+
+    here = build_calibration(tokenizer, records=RECORDS, max_seq_len=MAX_SEQ_LEN).input_ids
+    shared = build_calibration(tokenizer, records=RECORDS, max_seq_len=DEFAULT_MAX_SEQ_LEN).input_ids
+    assert len(here) == len(shared) == RECORDS
+    assert all(torch.equal(torch.as_tensor(a), torch.as_tensor(b)) for a, b in zip(here, shared, strict=True))
+
+
 @pytest.mark.parametrize("scheme", list(NEW_SCHEMES))
 def test_new_scheme_quantizes_and_inspect_passes(built, scheme: str) -> None:
     report = inspect_checkpoint(built(scheme))
@@ -176,7 +195,10 @@ def test_fp8_beats_every_4_bit_scheme_by_more_than_the_records_leave_open(
 
     schemes = [s for s in ("fp8-dynamic", "fp8-block", *FOUR_BIT) if served_on_this_cpu(s)]
     folders = {s: built(s) for s in schemes}
-    measured = {name: plugin_kl(clef_engine(f), heldout_requests, reference_probs) for name, f in folders.items()}
+    measured = {
+        name: plugin_kl(clef_engine(f, **ENGINE_KWARGS), heldout_requests, reference_probs)
+        for name, f in folders.items()
+    }
     names = list(measured)
     counts = measured[names[0]][1]
     sums = np.stack([measured[n][0] for n in names], axis=1)[:, :, None]  # (records, sides, the one metric: KL)
@@ -322,7 +344,7 @@ def test_new_scheme_answers_through_the_plugin(built, clef_engine, scheme: str) 
     if not served_on_this_cpu(scheme):
         pytest.skip(f"vLLM's CPU kernel for {scheme} needs the CPU feature {CPU_FEATURE_NEEDED[scheme]}")
     body = json.loads(Path("examples/request.json").read_text())
-    (response,) = clef_engine(built(scheme)).score([body])
+    (response,) = clef_engine(built(scheme), **ENGINE_KWARGS).score([body])
     assert set(response["answers"]) == set(body["questions"])
     for answer in response["answers"].values():
         if "probabilities" in answer:
