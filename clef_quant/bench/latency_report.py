@@ -77,14 +77,12 @@ PROFILE_PARTS = (*(part for part, _ in PARTS), POOLER, OTHER, MEMCPY)
 
 
 def _profile_section(releases: list[ReleaseLatency]) -> list[str]:
-    profiled = [(run, w) for run in releases for w in run.workloads if w.breakdown is not None]
+    profiled = [(run, w, w.breakdown) for run in releases for w in run.workloads if w.breakdown is not None]
     if not profiled:
         return []
     header = ("release", "workload", *PROFILE_PARTS, "GPU idle", "engine wall", "kernels")
     rows = []
-    for run, w in profiled:
-        b = w.breakdown
-        assert b is not None
+    for run, w, b in profiled:
         parts = [f"{b.parts_ms.get(part, 0.0):.2f}" if b.gpu else "" for part in PROFILE_PARTS]
         idle = f"{b.idle_ms:.2f}" if b.gpu else ""
         rows.append([f"`{run.release}`", w.workload, *parts, idle, f"{b.wall_ms:.2f}", f"{b.kernels:.0f}"])
@@ -96,7 +94,7 @@ def _profile_section(releases: list[ReleaseLatency]) -> list[str]:
         "time (scheduling, IPC, launch gaps), and the wall time of the engine call (encoding and answers left out), "
         "per request."
     )
-    if any(w.breakdown is not None and not w.breakdown.gpu for _, w in profiled):
+    if any(not b.gpu for _, _, b in profiled):
         lines.append("A row with only its wall time ran on a CPU: its trace has no GPU kernels to sum by part.")
     lines.append("")
     return lines
