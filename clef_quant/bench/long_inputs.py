@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from clef_quant.bench.environment import load_average
+from clef_quant.bench.modes import percentile
 from clef_quant.bench.processes import free_port, running, serve_config, server_command
 from clef_quant.formatting import facts_table, markdown_table, utc_minute
 from clef_quant.progress import Progress, Stages
@@ -108,8 +109,7 @@ class Behind:
     def p95(self) -> float:
         """The wait 95% of the small requests stayed within: unlike the worst, it holds when the machine itself
         stalls every process for a moment (a virtual machine whose host takes its cores back does)."""
-        ordered = sorted(self.small_seconds)
-        return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        return percentile(self.small_seconds, 0.95)
 
 
 def small_latencies(url: str, count: int) -> list[float]:
