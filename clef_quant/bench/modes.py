@@ -38,6 +38,7 @@ from clef_quant.bench.workload import mixed_length_requests
 from clef_quant.documents import read_document
 from clef_quant.progress import Progress, Stages
 from clef_vllm.engine.flags import setting_of
+from clef_vllm.engine.gdn_graphs import GDN_GRAPHS_ENV
 from clef_vllm.engine.invariance import BF16_GEMM_ENV, GPU_METHOD_ENV, SPLIT_FREE_BLAS_ENV
 from clef_vllm.errors import first_validation_error
 
@@ -102,6 +103,13 @@ MODES = {
             "--no-batch-invariant: vLLM batches and splits prompts freely",
         ),
         Mode("one-per-step", True, {"max_num_seqs": 1}, "one whole prompt per engine step (the CPU's method)"),
+        Mode(
+            "invariant-gdn-eager",
+            True,
+            {},
+            "the default with every Gated DeltaNet prefill run from Python (no per-layer graphs for one-prompt steps)",
+            env={GDN_GRAPHS_ENV: "0"},
+        ),
         Mode(
             "invariant-vllm-graphs",
             True,

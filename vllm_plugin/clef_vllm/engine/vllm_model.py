@@ -28,6 +28,7 @@ from vllm.tasks import PoolingTask
 from vllm.v1.outputs import PoolerOutput
 from vllm.v1.pool.metadata import PoolingMetadata
 
+from clef_vllm.engine.gdn_graphs import install_prompt_graphs
 from clef_vllm.engine.invariance import (
     accept_gdn_layers,
     invariant_kernels_on,
@@ -170,6 +171,7 @@ class ClefFlashForJointSchema(Qwen3_5ForConditionalGeneration):
         elif split_free_kernels_on():
             use_split_free_kernels()
         super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.prompt_graphs = install_prompt_graphs(self, vllm_config)  # GPU engines with CUDA graphs only
         model_config = vllm_config.model_config
         self.head_dir = find_head_dir(local_release_dir(model_config.model, model_config.revision))
         head = JointSchemaHead(HeadConfig.read(self.head_dir / HEAD_CONFIG))
