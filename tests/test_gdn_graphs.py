@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from vllm.v1.attention.backends.utils import NULL_BLOCK_ID
 
 from clef_vllm.engine.gdn_graphs import (
     GDN_GRAPHS_ENV,
@@ -46,7 +47,9 @@ def test_the_captured_metadata_is_one_sequence_of_the_step_size_from_a_zero_stat
     for starts in (metadata.non_spec_query_start_loc, metadata.prefill_query_start_loc):
         assert starts.tolist() == [0, tokens]
     assert not metadata.has_initial_state.any() and not metadata.prefill_has_initial_state.any()
-    assert metadata.prefill_state_indices.tolist() == [0] == metadata.non_spec_state_indices_tensor.tolist()
+    # Not slot 0: vLLM's null block, whose sequences the convolution skips (its output would be left unwritten).
+    assert NULL_BLOCK_ID == 0
+    assert metadata.prefill_state_indices.tolist() == [1] == metadata.non_spec_state_indices_tensor.tolist()
     # The chunked delta rule's grid: three 64-token chunks of sequence 0; the convolution's: 17 blocks of 8 tokens.
     assert metadata.chunk_indices.tolist() == [[0, 0], [0, 1], [0, 2]]
     assert metadata.chunk_offsets.tolist() == [0, 3]

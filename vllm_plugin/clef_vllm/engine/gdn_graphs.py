@@ -47,6 +47,9 @@ MAX_TOKENS = 2048
 MIN_TOKENS = 64
 MAX_SIZES = 32  # least recently used sizes beyond this drop their graphs (all layers of a size: about 0.1 s to capture)
 FRESH_PROMPT_ATTR = "clef_fresh_prompt_tokens"
+# The state slot the graphs write to, in a scratch cache of two slots: slot 0 is vLLM's null block
+# (`NULL_BLOCK_ID`), whose sequences the convolution kernel skips without writing their output.
+SCRATCH_SLOT = 1
 
 
 def gdn_graphs_on() -> bool:
@@ -94,7 +97,7 @@ def mark_fresh_single_prompts() -> None:
 
 def single_prompt_metadata(tokens: int, device: torch.device | str) -> Any:
     """vLLM's GDN metadata of one step holding one prompt of `tokens` tokens with no state before it, its states
-    in slot 0: what the metadata builder would give that step, built from host integers."""
+    in `SCRATCH_SLOT`: what the metadata builder would give that step, built from host integers."""
     import torch
     from vllm.third_party.flash_linear_attention.ops.index import prepare_chunk_indices, prepare_chunk_offsets
     from vllm.third_party.flash_linear_attention.ops.utils import FLA_CHUNK_SIZE
@@ -103,7 +106,7 @@ def single_prompt_metadata(tokens: int, device: torch.device | str) -> Any:
 
     starts_cpu = torch.tensor([0, tokens], dtype=torch.int32)
     starts = starts_cpu.to(device)
-    slot = torch.zeros(1, dtype=torch.int32, device=device)
+    slot = torch.full((1,), SCRATCH_SLOT, dtype=torch.int32, device=device)
     fresh = torch.zeros(1, dtype=torch.bool, device=device)
     nums_dict, batch_ptr, token_chunk_offset_ptr = compute_causal_conv1d_metadata(
         starts_cpu, device=torch.device(device)
@@ -242,8 +245,8 @@ class PromptGraphs:
             self._graphs.popitem(last=False)
         inputs = self._static_inputs(mixed_qkv, b, a, out)
         if self._scratch is None:
-            # One slot shaped like a state of the cache: the graphs' final states land here, never read.
-            self._scratch = tuple(state[:1].clone() for state in self.layers[0].kv_cache)
+            # Slots shaped like the cache's: the graphs' final states land in `SCRATCH_SLOT`, never read.
+            self._scratch = tuple(state[: SCRATCH_SLOT + 1].clone() for state in self.layers[0].kv_cache)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         metadata = single_prompt_metadata(size, mixed_qkv.device)
