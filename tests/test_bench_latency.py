@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from clef_quant.bench.flide_workloads import FLIDE_MS, SGLANG_MS, flide_workloads
+from clef_quant.bench.modes import MODES
 from clef_quant.cli import app
 
 
@@ -32,6 +33,7 @@ def test_each_workload_is_timed_on_the_release_and_reported_beside_flide(tiny_di
     assert saved["repeats"] == 2 and saved["engine"] == {"enforce_eager": "True"}
     (release,) = saved["releases"]
     assert release["release"] == str(tiny_dir) and release["model"] == "clef-flash" and release["scheme"] == "bf16"
+    assert release["mode"] == "invariant"
     assert release["error"] is None
     expected = {w.name: w for w in flide_workloads(tiny_dir)}
     assert [w["workload"] for w in release["workloads"]] == list(expected) == list(FLIDE_MS)
@@ -48,8 +50,8 @@ def test_each_workload_is_timed_on_the_release_and_reported_beside_flide(tiny_di
     for name, row in zip(FLIDE_MS, release["workloads"], strict=True):
         line = next(line for line in report.splitlines() if f"| {name} |" in line)
         cells = [cell.strip() for cell in line.strip("|").split("|")]
-        assert cells[2:4] == ["2", f"{row['input_tokens']:,}"]
-        assert cells[8:10] == [f"{FLIDE_MS[name]:.1f}", f"{SGLANG_MS[name]:.1f}"]
+        assert cells[1] == "invariant" and cells[3:5] == ["2", f"{row['input_tokens']:,}"]
+        assert cells[9:11] == [f"{FLIDE_MS[name]:.1f}", f"{SGLANG_MS[name]:.1f}"]
 
     # --profile: each workload read from a trace of its own, written where the help says.
     traces = [row["breakdown"]["trace"] for row in release["workloads"]]
@@ -72,19 +74,39 @@ def test_a_profiled_gpu_workload_reports_each_part_in_its_column() -> None:
     result = LatencyResult(
         machine="H100", date="d", versions={}, command="c", repeats=1, max_model_len=12288, engine={}
     )
-    result.releases = [ReleaseLatency(release="/w/clef-FP8_DYNAMIC", model="clef", scheme="FP8_DYNAMIC")]
+    result.releases = [
+        ReleaseLatency(release="/w/clef-FP8_DYNAMIC", model="clef", scheme="FP8_DYNAMIC", mode="invariant-gdn-eager")
+    ]
     result.releases[0].workloads = [row]
 
     report = render_markdown(result)
+    # A mode other than the default says what it changes.
+    assert f"- `invariant-gdn-eager`: {MODES['invariant-gdn-eager'].about}" in report
 
     header, _, line = report.split("## Where one request's engine time goes")[1].strip().splitlines()[2:5]
     cells = dict(zip(header.strip("|").split("|"), line.strip("|").split("|"), strict=True))
     cells = {key.strip(): value.strip() for key, value in cells.items()}
+    assert cells["mode"] == "invariant-gdn-eager"
     assert [cells[part] for part in PROFILE_PARTS] == [f"{parts.get(part, 0.0):.2f}" for part in PROFILE_PARTS]
     assert (cells["GPU idle"], cells["engine wall"], cells["kernels"]) == ("3.50", "40.00", "800")
     assert "ran on a CPU" not in report
     # The JSON holds the breakdown and reads back.
     assert LatencyResult.model_validate_json(result.model_dump_json()).releases[0].workloads[0].breakdown == breakdown
+
+
+def test_each_release_runs_in_each_mode_one_after_another(tiny_dir: Path, tmp_path: Path) -> None:
+    from clef_quant.bench.latency import latency_runs
+
+    other = tmp_path / "other"
+    other.symlink_to(tiny_dir, target_is_directory=True)
+    runs = latency_runs([tiny_dir, other], 12288, ("invariant", "invariant-gdn-eager"))
+    assert [(row.release, row.mode) for row, _ in runs] == [
+        (str(tiny_dir), "invariant"),
+        (str(tiny_dir), "invariant-gdn-eager"),
+        (str(other), "invariant"),
+        (str(other), "invariant-gdn-eager"),
+    ]
+    assert [w.name for w in runs[1][1]] == list(FLIDE_MS)
 
 
 @pytest.mark.parametrize(
@@ -104,8 +126,12 @@ def test_a_profiled_gpu_workload_reports_each_part_in_its_column() -> None:
             ["--release", "{tiny}", "--max-model-len", "4096", "--out", "{tmp}/r.md"],
             "error: --max-model-len 4096 is below the quality workload's",
         ),
+        (
+            ["--release", "{tiny}", "--mode", "fastest", "--out", "{tmp}/r.md"],
+            "error: unknown mode 'fastest'; choose one of invariant,",
+        ),
     ],
-    ids=["not a release", "twice", "no repeats", "engine arg with a flag", "too short"],
+    ids=["not a release", "twice", "no repeats", "engine arg with a flag", "too short", "unknown mode"],
 )
 def test_bad_arguments_are_refused_before_any_engine_starts(
     tiny_dir: Path, tmp_path: Path, args: list[str], line: str

@@ -1,7 +1,8 @@
 """One request at a time on each release: the five workloads shaped like Flide's (`flide_workloads`), timed the
 way Flide publishes their latency for the 27B on one H200.
 
-For every release one `ClefEngine` starts in the default mode (invariant kernels; images allowed, for gqa). Each
+For every release one `ClefEngine` starts in each mode asked for (`clef_quant.bench.modes.MODES`; the default mode,
+invariant kernels, unless told; images allowed, for gqa). Each
 workload runs once untimed (lazy set-up and the first run of each shape stay out of the timing), then each
 workload's `repeats` requests run one after another. A request is timed from its body to its answers, as
 `ClefEngine.score` handles one body: validating and encoding it (tokenizer, image processor), the engine, the
@@ -77,6 +78,7 @@ class ReleaseLatency(BaseModel):
     release: str  # the folder
     model: str  # its family (clef-flash, clef, clef-omni)
     scheme: str  # bf16, or the labels of the scheme it was quantized with
+    mode: str = "invariant"  # the serving mode its engine ran in (`clef_quant.bench.modes.MODES`)
     start_s: float = 0.0
     workloads: list[WorkloadLatency] = []
     error: str | None = None
@@ -93,9 +95,12 @@ class LatencyResult(BaseModel):
     releases: list[ReleaseLatency] = []
 
 
-def latency_runs(folders: list[Path], max_model_len: int) -> list[tuple[ReleaseLatency, list[FlideWorkload]]]:
-    """Each release's empty row and its workloads, built from its own tokenizer; refused when the longest workload
-    does not fit `max_model_len`, since its state would be cut and the timing would be of a shorter request."""
+def latency_runs(
+    folders: list[Path], max_model_len: int, modes: tuple[str, ...] = ("invariant",)
+) -> list[tuple[ReleaseLatency, list[FlideWorkload]]]:
+    """An empty row per release and mode (the modes of a release one after another, so that they run side by side)
+    and the release's workloads, built from its own tokenizer; refused when the longest workload does not fit
+    `max_model_len`, since its state would be cut and the timing would be of a shorter request."""
     from clef_quant.bench.flide_workloads import flide_workloads
 
     runs = []
@@ -109,7 +114,11 @@ def latency_runs(folders: list[Path], max_model_len: int) -> list[tuple[ReleaseL
             )
         family = family_of_folder(folder)
         model = family.name if family is not None else "unknown"
-        runs.append((ReleaseLatency(release=str(folder), model=model, scheme=row_name(folder)), workloads))
+        for mode in modes:
+            if mode not in MODES:
+                raise BenchError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+            row = ReleaseLatency(release=str(folder), model=model, scheme=row_name(folder), mode=mode)
+            runs.append((row, workloads))
     return runs
 
 
@@ -184,7 +193,8 @@ def run_latency(
     profile_root: Path | None = None,
     progress: Progress | None = None,
 ) -> LatencyResult:
-    """Each release's engine in turn, `settings` for its folder: started, measured on its workloads, stopped;
+    """Each release's engine in turn, `settings` for its folder in the row's mode: started, measured on its
+    workloads, stopped;
     `save` writes `result` after every workload. A release that fails keeps its error in the result and the next
     one runs. Images stay allowed (the gqa workload holds one), unlike the text-only engines of `bench modes`.
     `profile_root`: profile each workload too, the traces of the n-th release under `release-<n>` there."""
@@ -192,11 +202,11 @@ def run_latency(
     for index, (run, workloads) in enumerate(releases, start=1):
         trace_dir = None if profile_root is None else profile_root / f"release-{index}"
         extra = profiler_engine_kwargs(trace_dir) if trace_dir is not None else None
-        stage(f"{run.release}: starting the engine")
+        stage(f"{run.release} ({run.mode}): starting the engine")
         result.releases.append(run)
         start = time.perf_counter()
         try:
-            mode = MODES["invariant"]
+            mode = MODES[run.mode]
             with started_engine(mode_settings(settings.for_model(run.release), mode, extra), mode) as engine:
                 run.start_s = time.perf_counter() - start
                 stage(f"{run.release}: timing {len(workloads)} workloads")

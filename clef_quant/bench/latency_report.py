@@ -7,12 +7,14 @@ from pathlib import Path
 from clef_quant.bench import report_paths
 from clef_quant.bench.flide_workloads import MULTIRC_QUESTIONS
 from clef_quant.bench.latency import PROFILED_REQUESTS, LatencyResult, ReleaseLatency
+from clef_quant.bench.modes import MODES
 from clef_quant.bench.profile_trace import MEMCPY, OTHER, PARTS, POOLER
 from clef_quant.formatting import facts_table, markdown_table
 
 TITLE = "One request at a time: the Flide workloads"
 HEADER = (
     "release",
+    "mode",
     "workload",
     "requests",
     "input tokens",
@@ -39,20 +41,25 @@ def render_markdown(result: LatencyResult) -> str:
         "image)",
         "timing": f"each workload once untimed, then {result.repeats} requests of it one after another, each from "
         "its body to its answers on one `ClefEngine` (encode p50: of that, validating and encoding the body)",
-        "engine": f"default mode (invariant), images on, max model len {result.max_model_len}; settings: {settings}",
+        "engine": f"each release in its mode (invariant: the default), images on, max model len "
+        f"{result.max_model_len}; settings: {settings}",
         "Flide, SGLang": "the medians Flide's documentation publishes for the 27B (clef) on one H200, one request "
         "at a time: p50 / Flide compares like with like for a clef release measured on an H200",
     }
     lines = [*facts_table(TITLE, facts), ""]
     lines += ["## Releases", ""]
     releases = [
-        [f"`{run.release}`", run.model, run.scheme, f"{run.start_s:.0f}", run.error or ""] for run in result.releases
+        [f"`{run.release}`", run.mode, run.model, run.scheme, f"{run.start_s:.0f}", run.error or ""]
+        for run in result.releases
     ]
-    lines += [markdown_table(["release", "model", "scheme", "engine start s", "error"], releases, "lllrl"), ""]
+    header = ["release", "mode", "model", "scheme", "engine start s", "error"]
+    lines += [markdown_table(header, releases, "llllrl"), ""]
+    lines += _modes_section(result.releases)
     lines += ["## Latency", ""]
     rows = [
         [
             f"`{run.release}`",
+            run.mode,
             w.workload,
             str(len(w.latency_ms)),  # fewer than the repeats where the run was stopped early
             f"{w.input_tokens:,}",
@@ -67,9 +74,17 @@ def render_markdown(result: LatencyResult) -> str:
         for run in result.releases
         for w in run.workloads
     ]
-    lines += [markdown_table(HEADER, rows, "ll" + "r" * (len(HEADER) - 2)), ""]
+    lines += [markdown_table(HEADER, rows, "lll" + "r" * (len(HEADER) - 3)), ""]
     lines += _profile_section(result.releases)
     return "\n".join(lines)
+
+
+def _modes_section(releases: list[ReleaseLatency]) -> list[str]:
+    """What each mode other than the default changes, where a run used one."""
+    used = sorted({run.mode for run in releases} - {"invariant"})
+    if not used:
+        return []
+    return [*(f"- `{name}`: {MODES[name].about}" for name in used), ""]
 
 
 # The parts in a fixed order, so that two releases' rows read side by side.
@@ -80,14 +95,14 @@ def _profile_section(releases: list[ReleaseLatency]) -> list[str]:
     profiled = [(run, w, w.breakdown) for run in releases for w in run.workloads if w.breakdown is not None]
     if not profiled:
         return []
-    header = ("release", "workload", *PROFILE_PARTS, "GPU idle", "engine wall", "kernels")
+    header = ("release", "mode", "workload", *PROFILE_PARTS, "GPU idle", "engine wall", "kernels")
     rows = []
     for run, w, b in profiled:
         parts = [f"{b.parts_ms.get(part, 0.0):.2f}" if b.gpu else "" for part in PROFILE_PARTS]
         idle = f"{b.idle_ms:.2f}" if b.gpu else ""
-        rows.append([f"`{run.release}`", w.workload, *parts, idle, f"{b.wall_ms:.2f}", f"{b.kernels:.0f}"])
+        rows.append([f"`{run.release}`", run.mode, w.workload, *parts, idle, f"{b.wall_ms:.2f}", f"{b.kernels:.0f}"])
     lines = ["## Where one request's engine time goes (ms, torch profiler)", ""]
-    lines += [markdown_table(header, rows, "ll" + "r" * (len(header) - 2)), ""]
+    lines += [markdown_table(header, rows, "lll" + "r" * (len(header) - 3)), ""]
     lines.append(
         f"Each workload {PROFILED_REQUESTS} more times after its timed requests, under vLLM's torch profiler: GPU "
         "kernel time summed by part of the model (kernel names, `clef_quant.bench.profile_trace`), the GPU's idle "

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
+from clef_quant.bench.modes import MODE_NAMES
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import (
     EnforceEagerOption,
@@ -15,6 +16,7 @@ from clef_quant.cli._options import (
     check_engines,
     engine_settings,
     max_model_len_option,
+    name_choice,
 )
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import VLLM_QUIET, quiet_tools, stage_line
@@ -42,6 +44,16 @@ def latency(
             "workload."
         ),
     ],
+    mode: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--mode",
+            metavar="MODE",
+            parser=name_choice(MODE_NAMES, "unknown mode {value!r}"),
+            help="A serving mode (those of `bench modes`), repeatable: each release runs in each, one engine after "
+            "another, so that modes read side by side. Default: invariant.",
+        ),
+    ] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Timed requests of each workload, after one untimed.")] = 20,
     max_model_len: Annotated[
         int, max_model_len_option("The engines' maximum length: at least the longest workload's tokens (quality's).")
@@ -61,15 +73,18 @@ def latency(
     state tokens, p50 and p95 ms, beside the medians Flide and SGLang publish for the 27B on one H200.
 
     Each release runs in its own engine in the default mode (invariant kernels; on a GPU torch.compile and CUDA
-    graphs unless --enforce-eager). Every workload runs once untimed, then --repeats times one after another, each
-    request timed from its body to its answers. With --profile, each workload then runs under the profiler. Stopped
-    early (Ctrl-C, SIGTERM), it writes what it measured.
+    graphs unless --enforce-eager), or once in each --mode. Every workload runs once untimed, then --repeats times
+    one after another, each request timed from its body to its answers. With --profile, each workload then runs
+    under the profiler. Stopped early (Ctrl-C, SIGTERM), it writes what it measured.
 
     Example: clef-quant bench latency --release artifacts/tiny --repeats 2 --enforce-eager \\
         --out artifacts/flide-latency.md
 
     Example: clef-quant bench latency --release /dev/shm/clef --release /dev/shm/clef-FP8_DYNAMIC --profile \\
         --out bench/results/flide-latency-h200.md
+
+    Example: clef-quant bench latency --release /dev/shm/clef-FP8_DYNAMIC --mode invariant \\
+        --mode invariant-gdn-eager --out bench/results/flide-latency-gdn.md
     """
     from clef_quant.bench.latency import latency_runs, run_latency, starting_result
     from clef_quant.bench.latency_report import write_report
@@ -88,7 +103,7 @@ def latency(
     )
     check_engines(release, settings)
     with stage_line("building the workloads"):
-        runs = latency_runs(release, max_model_len)
+        runs = latency_runs(release, max_model_len, tuple(dict.fromkeys(mode or ["invariant"])))
     result = starting_result(command_line(), repeats=repeats, settings=settings)
     # Stopped early (Ctrl-C, or SIGTERM, which user_errors turns into the same), it writes what it measured.
     with stage_line("benchmarking") as progress, report_written(lambda: write_report(result, out)):
@@ -104,12 +119,13 @@ def latency(
 
 def _print_table(result: LatencyResult) -> None:
     table = Table(title=f"one request at a time, {result.machine}")
-    for column in ("release", "workload", "input tokens", "p50 ms", "p95 ms", "Flide ms", "p50 / Flide"):
-        table.add_column(column, justify="left" if column in ("release", "workload") else "right")
+    for column in ("release", "mode", "workload", "input tokens", "p50 ms", "p95 ms", "Flide ms", "p50 / Flide"):
+        table.add_column(column, justify="left" if column in ("release", "mode", "workload") else "right")
     for run in result.releases:
         for w in run.workloads:
             table.add_row(
                 run.release,
+                run.mode,
                 w.workload,
                 str(w.input_tokens),
                 f"{w.p50_ms:.1f}",
