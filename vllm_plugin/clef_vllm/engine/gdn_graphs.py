@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -45,7 +44,6 @@ GDN_GRAPHS_ENV = "CLEF_GDN_GRAPHS"
 MAX_TOKENS = 2048
 # Below this a step is vLLM's warm-up of one-token sequences, not a Clef prompt (its fixed part alone is ~60 tokens).
 MIN_TOKENS = 64
-MAX_SIZES = 32  # least recently used sizes beyond this drop their graphs (all layers of a size: about 0.1 s to capture)
 FRESH_PROMPT_ATTR = "clef_fresh_prompt_tokens"
 # The state slot the graphs write to, in a scratch cache of two slots: slot 0 is vLLM's null block
 # (`NULL_BLOCK_ID`), whose sequences the convolution kernel skips without writing their output.
@@ -151,13 +149,13 @@ class PromptGraphs:
     not qualify go to the layer's own method. Captures happen lazily, all layers of a size at once, on a side stream.
     """
 
-    def __init__(self, layers: list[Any], sizes: Iterable[int], *, max_sizes: int = MAX_SIZES) -> None:
+    def __init__(self, layers: list[Any], sizes: Iterable[int]) -> None:
         self.layers = layers
         self.sizes = frozenset(size for size in sizes if MIN_TOKENS <= size <= MAX_TOKENS)
-        self.max_sizes = max_sizes
         self._originals = [layer._forward_core for layer in layers]
         # Per size: the layers' graphs and the metadata tensors they read (kept alive as long as the graphs).
-        self._graphs: OrderedDict[int, tuple[list[torch.cuda.CUDAGraph], Any]] = OrderedDict()
+        # Sizes are vLLM's capture sizes within the bounds (73 with the whole-prompt sizes), so every one is kept.
+        self._graphs: dict[int, tuple[list[torch.cuda.CUDAGraph], Any]] = {}
         self._inputs: _Inputs | None = None
         self._scratch: tuple[torch.Tensor, ...] | None = None
         self._pool: Any = None
@@ -172,7 +170,7 @@ class PromptGraphs:
 
     @property
     def captured_sizes(self) -> list[int]:
-        """Step sizes with graphs, least recently used first."""
+        """Step sizes with graphs, in the order they were first run."""
         return list(self._graphs)
 
     def forward(
@@ -191,8 +189,6 @@ class PromptGraphs:
                 self.uninstall()
                 self._originals[index](mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=core_attn_out)
                 return
-        elif index == 0:
-            self._graphs.move_to_end(size)
         inputs = self._inputs
         assert inputs is not None
         inputs.qkv[:tokens].copy_(mixed_qkv[:tokens])
@@ -241,8 +237,6 @@ class PromptGraphs:
         import torch
         from vllm.forward_context import get_forward_context
 
-        while len(self._graphs) >= self.max_sizes:
-            self._graphs.popitem(last=False)
         inputs = self._static_inputs(mixed_qkv, b, a, out)
         if self._scratch is None:
             # Slots shaped like the cache's: the graphs' final states land in `SCRATCH_SLOT`, never read.
