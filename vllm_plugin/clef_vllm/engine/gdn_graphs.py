@@ -23,6 +23,10 @@ Whether a step qualifies is decided from host integers only (no device sync): `m
 vLLM's GDN metadata builder so that a step's metadata carries its prompt length when the step is one request with
 nothing computed before it. Any other step (a batch, a prompt in pieces, a size without a vLLM graph) runs vLLM's
 path unchanged. `CLEF_GDN_GRAPHS=0` turns the replays off.
+
+Measured on an H100, side by side in one lease (bench/results/serve-h100-fp8-gdn-graphs.md): flash FP8, one
+1.5k-token request 41.4 ms p50 against 54.9 without the replays, and every request the same bits alone (replayed)
+as inside the batch and inside mixed batches (vLLM's path), 8/8 and 35/35.
 """
 
 from __future__ import annotations
