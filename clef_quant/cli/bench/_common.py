@@ -1,5 +1,5 @@
-"""What the bench commands share: the command line a report records, the release check with its hint, and how a
-run ends when a server it started ended by itself or the run was stopped early."""
+"""What the bench commands share: the command line a report records, the release check with its hint, the
+`--mode` option, and how a run ends when a server it started ended by itself or the run was stopped early."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ import shlex
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from clef_quant.bench.errors import BenchError
+from clef_quant.bench.modes import MODE_NAMES
 from clef_quant.bench.releases import check_release
 from clef_quant.cli._errors import fail
+from clef_quant.cli._options import name_choice
 
 
 def command_line() -> str:
@@ -48,3 +51,10 @@ def report_written(write: Callable[[], list[Path]]) -> Iterator[None]:
         yield
     finally:
         typer.echo(f"wrote {' and '.join(map(str, write()))}")
+
+
+def mode_option(help_text: str) -> Any:
+    """`--mode MODE`, repeatable: one of the serving modes of `clef_quant.bench.modes`, any other refused by name."""
+    return typer.Option(
+        "--mode", metavar="MODE", parser=name_choice(MODE_NAMES, "unknown mode {value!r}"), help=help_text
+    )

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from clef_quant.bench.modes import MODE_NAMES
 from clef_quant.cli._errors import fail, user_errors
 from clef_quant.cli._options import (
     EnforceEagerOption,
@@ -16,11 +15,10 @@ from clef_quant.cli._options import (
     check_engines,
     engine_settings,
     max_model_len_option,
-    name_choice,
 )
 from clef_quant.cli._output import results_console
 from clef_quant.cli._stderr import VLLM_QUIET, quiet_tools, stage_line
-from clef_quant.cli.bench._common import command_line, report_written, require_release
+from clef_quant.cli.bench._common import command_line, mode_option, report_written, require_release
 
 if TYPE_CHECKING:
     from clef_quant.bench.latency import LatencyResult
@@ -46,12 +44,9 @@ def latency(
     ],
     mode: Annotated[
         list[str] | None,
-        typer.Option(
-            "--mode",
-            metavar="MODE",
-            parser=name_choice(MODE_NAMES, "unknown mode {value!r}"),
-            help="A serving mode (those of `bench modes`), repeatable: each release runs in each, one engine after "
-            "another, so that modes read side by side. Default: invariant.",
+        mode_option(
+            "A serving mode (those of `bench modes`), repeatable: each release runs in each, one engine after "
+            "another, so that modes read side by side. Default: invariant."
         ),
     ] = None,
     repeats: Annotated[int, typer.Option(min=1, help="Timed requests of each workload, after one untimed.")] = 20,

@@ -16,10 +16,9 @@ from clef_quant.cli._options import (
     check_engines,
     engine_settings,
     max_model_len_option,
-    name_choice,
 )
 from clef_quant.cli._stderr import VLLM_QUIET, quiet_tools, stage_line
-from clef_quant.cli.bench._common import command_line, report_written, server_exits
+from clef_quant.cli.bench._common import command_line, mode_option, report_written, server_exits
 
 
 @user_errors
@@ -35,12 +34,7 @@ def modes(
     ],
     mode: Annotated[
         list[str] | None,
-        typer.Option(
-            "--mode",
-            metavar="MODE",
-            parser=name_choice(MODE_NAMES, "unknown mode {value!r}"),
-            help=f"A serving mode, repeatable: {', '.join(MODE_NAMES)}. Default: invariant and batched.",
-        ),
+        mode_option(f"A serving mode, repeatable: {', '.join(MODE_NAMES)}. Default: invariant and batched."),
     ] = None,
     records: Annotated[int, typer.Option(min=8, help="Requests in the workload.")] = 64,
     state_words: Annotated[
