@@ -97,6 +97,32 @@ def test_bf16_plugin_agrees_with_transformers_reference(tiny_dir, clef_engine, r
     assert max_dp <= MAX_ABS_DP
 
 
+def test_vllm_marks_a_step_of_one_whole_prompt_for_the_gdn_graphs(tiny_dir, clef_engine, monkeypatch):
+    """GPU engines replay the Gated DeltaNet graphs (`clef_vllm.engine.gdn_graphs`) only in steps whose GDN metadata
+    carries the prompt's length: here vLLM's own metadata builder marks each step of this engine (one whole prompt
+    per step on a CPU) with exactly the prompt's tokens."""
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
+
+    from clef_vllm.engine.gdn_graphs import FRESH_PROMPT_ATTR, mark_fresh_single_prompts
+
+    mark_fresh_single_prompts()
+    marked = GDNAttentionMetadataBuilder.build
+    seen = []
+
+    def recording(self, *args, **kwargs):
+        metadata = marked(self, *args, **kwargs)
+        seen.append((metadata.num_prefills, getattr(metadata, FRESH_PROMPT_ATTR)))
+        return metadata
+
+    monkeypatch.setattr(GDNAttentionMetadataBuilder, "build", recording)
+    engine = clef_engine(tiny_dir, max_num_batched_tokens=4096)
+    encodings = [engine.encode(body)[1] for body in short_requests(2)]
+    for encoding in encodings:
+        seen.clear()
+        engine.logits([encoding])
+        assert seen and set(seen) == {(1, encoding.num_tokens)}
+
+
 # Random tiny weights amplify quantization error far beyond a trained model's (per-token cosine against
 # bf16: FP8 0.985, NVFP4 0.84 on this checkpoint), so these bounds only say that the folder runs through
 # the quantized kernels and still answers like the model it came from, not how good the scheme is.
