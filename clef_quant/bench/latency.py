@@ -1,13 +1,12 @@
 """One request at a time on each release: the five workloads shaped like Flide's (`flide_workloads`), timed the
 way Flide publishes their latency for the 27B on one H200.
 
-For every release one `ClefEngine` starts in each mode asked for (`clef_quant.bench.modes.MODES`; the default mode,
-invariant kernels, unless told; images allowed, for gqa). Each
-workload runs once untimed (lazy set-up and the first run of each shape stay out of the timing), then each
-workload's `repeats` requests run one after another. A request is timed from its body to its answers, as
-`ClefEngine.score` handles one body: validating and encoding it (tokenizer, image processor), the engine, the
-answers; the encoding's share is recorded beside it. Results are saved after every workload, so a run cut short
-keeps what it measured.
+For every release one `ClefEngine` starts in each mode asked for (`clef_quant.bench.modes.MODES`; unless told, the
+default mode, invariant kernels; images allowed, for gqa). Each workload runs once untimed (lazy set-up and the
+first run of each shape stay out of the timing), then each workload's `repeats` requests run one after another.
+A request is timed from its body to its answers, as `ClefEngine.score` handles one body: validating and encoding
+it (tokenizer, image processor), the engine, the answers; the encoding's share is recorded beside it. Results are
+saved after every workload, so a run cut short keeps what it measured.
 
 Profiled (`profile_root`), each release's engine starts with vLLM's torch profiler configured, and after its timed
 requests each workload runs `PROFILED_REQUESTS` more times under the profiler: where one request's engine time goes,
