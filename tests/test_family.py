@@ -129,6 +129,33 @@ def test_omni_tiny_keeps_every_part_of_the_thinker(family_dir) -> None:
     assert sum(f.stat().st_size for f in folder.iterdir()) < 8_000_000
 
 
+def test_loading_for_quantize_frees_each_fused_expert_block_before_copying_the_next(family_dir) -> None:
+    # A full-size Clef-Omni is 59 GiB in bf16: on an 80 GB card the experts must not exist twice at once.
+    import weakref
+
+    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes
+
+    from clef_quant.quantize import compress
+    from clef_quant.quantize.compress import backbone_class
+
+    folder = family_dir("omni-tiny")
+    model = backbone_class(json.loads((folder / "config.json").read_text())).from_pretrained(folder)
+    fused = [weakref.ref(module) for _name, module in get_non_linearized_moes(model)]
+    assert len(fused) == SIZES["omni-tiny"].text.num_hidden_layers
+    alive_when_placed: list[int] = []
+    place = model.set_submodule
+
+    def placing(name: str, module: Any, *args: Any, **kwargs: Any) -> None:
+        place(name, module, *args, **kwargs)
+        alive_when_placed.append(sum(ref() is not None for ref in fused))
+
+    model.set_submodule = placing
+    compress._linearize_experts(model)
+    # after the k-th block is placed, only the blocks not yet copied are still in memory
+    assert alive_when_placed == [len(fused) - k for k in range(1, len(fused) + 1)]
+    assert not get_non_linearized_moes(model)
+
+
 # -- quantize and inspect ---------------------------------------------------------------------------------------
 
 

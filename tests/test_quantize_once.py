@@ -106,3 +106,24 @@ def test_an_unknown_scheme_is_refused_in_the_same_line_by_the_parser_and_the_lib
     with pytest.raises(QuantizeError) as refused:
         quantize(QuantizeConfig(source=str(tmp_path / "nope"), out=tmp_path / "library", scheme="int3"))
     assert line == f"error: {refused.value}" and "unknown scheme 'int3'" in line
+
+
+def test_a_device_out_of_memory_ends_in_one_line_and_leaves_no_folder(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    def out_of_memory(*_args: object) -> None:  # what CUDA's allocator raises when the model does not fit
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79.18 GiB of which "
+            "6.19 MiB is free. Including non-PyTorch memory, this process has 79.16 GiB memory in use."
+        )
+
+    monkeypatch.setattr(quantize_run, "load_model", out_of_memory)
+    out = tmp_path / "out"
+    result = cli("quantize", str(tiny_dir), "--scheme", "nvfp4", "--calibration-records", "1", "--out", str(out))
+    assert result.exit_code == 2, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert "ran out of memory while quantizing" in line and "Tried to allocate 20.00 MiB" in line
+    assert "--device cpu" in line and "Traceback" not in result.output
+    assert not out.exists() and not partial_of(out).exists()

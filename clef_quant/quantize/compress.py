@@ -67,11 +67,21 @@ def save_compressed(model: Any, folder: Path) -> None:
 def _linearize_experts(model: Any) -> None:
     """One Linear per expert (llm-compressor's LinearExperts2D) in place of transformers' fused 3-D expert tensors:
     the plan, the recipe's `Linear` targets and the saved checkpoint (per-expert names, as released and as vLLM
-    loads them) all need the experts as modules. A dense model has none and is left as it is."""
-    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes, linearize_moe
+    loads them) all need the experts as modules. A dense model has none and is left as it is.
 
-    if get_non_linearized_moes(model):
-        linearize_moe(model)
+    One block at a time, holding only its name between blocks: llm-compressor's `linearize_moe` keeps every fused
+    block alive until the last is copied, twice the experts' memory at its peak (Clef-Omni, 59 GiB in bf16, ran an
+    80 GB H100 out of memory that way); here a block's fused tensors are freed as soon as its copy replaces it."""
+    from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
+    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes
+
+    names = [name for name, _module in get_non_linearized_moes(model)]
+    for name in names:
+        fused = model.get_submodule(name)
+        config = getattr(fused, "config", model.config)  # as `linearize_moe` builds each block
+        linear = LinearExperts2D.get_linear_experts_cls(type(fused)).from_experts_module(fused, config)
+        del fused
+        model.set_submodule(name, linear)
 
 
 def linearize_meta_experts(model: Any) -> bool:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import resource
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from clef_quant.devices import is_cuda
+from clef_quant.formatting import gib
+from clef_quant.quantize.errors import QuantizeError
 
 
 @contextmanager
@@ -42,3 +45,21 @@ def peak_gpu_bytes(device: str) -> int | None:
     import torch
 
     return int(torch.cuda.max_memory_allocated(torch.device(device)))
+
+
+@contextmanager
+def device_memory_errors(device: str, model_bytes: int, streaming: bool) -> Iterator[None]:
+    """A device that runs out of memory ends the run as bad input does: one line that says what did not fit and
+    what to try, instead of torch's traceback (the staged output folder is removed either way)."""
+    try:
+        yield
+    except Exception as exc:
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(exc, torch.OutOfMemoryError):
+            raise
+        detail = str(exc).split(". Including")[0].strip()
+        held = "one shard at a time" if streaming else f"the whole model ({gib(model_bytes)} in bf16) at once"
+        raise QuantizeError(
+            f"{device} ran out of memory while quantizing ({detail}); this scheme holds {held} there: quantize "
+            "on a device with more memory, or with --device cpu (slower; the model must fit in host memory)"
+        ) from exc

@@ -40,7 +40,7 @@ from clef_quant.quantize.calibration import DEFAULT_MAX_SEQ_LEN, CalibrationSumm
 from clef_quant.quantize.compress import load_model, run_oneshot, save_compressed
 from clef_quant.quantize.contents import ReleaseContents, plan_contents
 from clef_quant.quantize.inputs import check_inputs
-from clef_quant.quantize.measure import peak_gpu_bytes, peak_host_bytes, timed
+from clef_quant.quantize.measure import device_memory_errors, peak_gpu_bytes, peak_host_bytes, timed
 from clef_quant.quantize.output_errors import output_write_errors
 from clef_quant.quantize.plan import QuantPlan, recipe_needs_calibration
 from clef_quant.quantize.recipes import Recipe
@@ -147,7 +147,9 @@ def quantize(
     job.on_stage("checked")
     with output_write_errors(out), staged_folder(out, command="quantize", overwrite=config.overwrite) as partial:
         job.on_stage("claimed")
-        result = _run(job, partial)
+        model_bytes = backbone_bytes(inputs.source_dir)
+        with device_memory_errors(config.device, model_bytes, streaming=run_plan.streaming is not None):
+            result = _run(job, partial)
     job.on_stage("published")
     result.timings["total"] = time.perf_counter() - job.started
     return result
