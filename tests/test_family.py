@@ -259,8 +259,13 @@ def test_vllm_serve_answers_omni_natively(family_dir, clef_engine, own_engine_pr
 def test_eval_runs_on_omni(family_dir, family_quantized, clef_engine, own_engine_process, tmp_path: Path) -> None:
     """eval's three sides on Omni: transformers, the bf16 folder through vLLM (the session's engine for it, which
     the serving tests above started), and a release whose experts are quantized too, in the one expert scheme of
-    vLLM's CPU build that keeps activations quantized (fp8-block)."""
+    vLLM's CPU build that keeps activations quantized (fp8-block). vLLM's x86 expert kernels need AMX tiles; without
+    them every quantized Omni release is refused (the test after this one)."""
+    import torch
     from test_eval import SharedEngines
+
+    if not torch.cpu._is_amx_tile_supported():
+        pytest.skip("vLLM's CPU kernels for quantized experts need AMX tiles")
 
     from clef_quant.evaluation.config import EvalConfig
     from clef_quant.evaluation.report import write_results
@@ -316,6 +321,24 @@ def test_eval_refuses_omni_experts_the_cpu_cannot_run(family_dir, family_quantiz
         [sys.executable, "-m", "clef_vllm.server.cli", "--model", str(candidate)], capture_output=True, text=True
     )
     assert served.returncode == 2 and "cannot run this release's quantized experts" in served.stderr, served.stderr
+
+
+def test_quantized_experts_are_refused_on_an_x86_cpu_without_amx_tiles(
+    family_quantized, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's x86 expert kernels (FP8 blocks and 4-bit integers) both ask for AMX tiles; without them its engine
+    dies in the worker, so the plugin refuses first, on the CPU it is on (the probe stands in for two CPUs)."""
+    from clef_vllm.engine.cpu import experts
+    from clef_vllm.errors import CheckpointError
+
+    candidate = family_quantized("omni-tiny", "fp8-block")
+    monkeypatch.setattr(experts.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(experts, "_has_amx_tiles", lambda: False)
+    with pytest.raises(CheckpointError, match="cannot run this release's quantized experts") as refused:
+        experts.check_cpu_experts(candidate)
+    assert "AMX" in str(refused.value)
+    monkeypatch.setattr(experts, "_has_amx_tiles", lambda: True)
+    experts.check_cpu_experts(candidate)
 
 
 # -- experts of one MoE layer in one scheme ---------------------------------------------------------------------

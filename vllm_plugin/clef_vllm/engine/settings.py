@@ -25,6 +25,7 @@ from clef_vllm.engine.invariance import (
     uses_gpu,
 )
 from clef_vllm.engine.options import check_quantization, refuse_engine_keys
+from clef_vllm.engine.rope_cache import drop_meta_rotary_embeddings
 from clef_vllm.errors import SettingsError
 from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH
 from clef_vllm.format.limits import DEFAULT_LIMITS, Limits
@@ -257,7 +258,9 @@ def prepare_engine_process(batch_invariant: bool, model: str | Path, args: dict[
     """Process-wide settings an engine about to start with `args` reads: on a CPU the KV cache size (unless `args`
     give the engine its own) and the cores of each rank (`clef_vllm.engine.cpu.threads`), and the GPU's invariant
     kernels (vLLM's or the split-free ones, `clef_vllm.engine.invariance`) when answers must not move with load and
-    they cover the model here."""
+    they cover the model here; and no rotary embedding an earlier engine left on the meta device
+    (`clef_vllm.engine.rope_cache`)."""
+    drop_meta_rotary_embeddings()
     apply_cpu_defaults(args.get("kv_cache_memory_bytes"))
     if not uses_gpu():
         bind_rank_threads(parallel_ranks(args))

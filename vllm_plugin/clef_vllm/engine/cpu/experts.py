@@ -7,16 +7,18 @@ layer bf16 (named in its `ignore` list) and quantizes the others is one no vLLM 
 refused here with the layer named.
 
 vLLM 0.32's CPU build has two kernels for quantized experts (vllm/model_executor/layers/fused_moe/experts/
-cpu_moe.py): FP8 weights in 128x128 blocks with dynamic 128-wide activation groups (`CPUExpertsFp8`, which needs
-AMX tiles; `clef-quant quantize --scheme fp8-block`), and 4-bit integer weights with bf16 activations (the
-WNA16 path; `--scheme w4a16`). Any other expert scheme leaves vLLM without a backend, and the engine dies in its
-worker with "Unsupported FP8 MoE backend: NONE". Experts all kept bf16 run anywhere. Dense models (clef-flash,
-the 27B) are not affected.
+cpu_moe.py), both only on x86 CPUs with AMX tiles: FP8 weights in 128x128 blocks with dynamic 128-wide activation
+groups (`CPUExpertsFp8`; `clef-quant quantize --scheme fp8-block`), and 4-bit integer weights with bf16 activations
+(`CPUExpertsInt4`, the WNA16 path; `--scheme w4a16`), which Arm CPUs run through their own kernel
+(cpu_int4_moe.py). Any other expert scheme, or these on an x86 CPU without AMX, leaves vLLM without a backend, and
+the engine dies in its worker ("Unsupported FP8 MoE backend: NONE", "No WNA16 MoE backend supports the deployment
+configuration"). Experts all kept bf16 run anywhere. Dense models (clef-flash, the 27B) are not affected.
 """
 
 from __future__ import annotations
 
 import json
+import platform
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,7 +26,7 @@ from pathlib import Path
 from clef_vllm.errors import CheckpointError
 from clef_vllm.format.release_config import QuantizationArgs, QuantizationGroup, read_release_config
 
-CPU_EXPERT_SCHEMES = "fp8-block (on CPUs with AMX) or w4a16"
+CPU_EXPERT_SCHEMES = "fp8-block or w4a16 on x86 CPUs with AMX tiles, w4a16 on Arm"
 INDEX_FILE = "model.safetensors.index.json"
 # An expert's projection: `<layer>.mlp.experts.<expert>.<projection>` (one Linear per expert, as released).
 _EXPERT = re.compile(r"(?P<layer>.+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<projection>[^.]+)")
@@ -132,14 +134,19 @@ def _runs_on_cpu(group: QuantizationGroup) -> bool:
     weights = group.weights or QuantizationArgs()
     activations = group.input_activations
     if weights.type == "int" and weights.num_bits == 4 and activations is None:
-        return True
+        return _has_amx_tiles() or platform.machine().lower() in ("aarch64", "arm64")
     if weights.type == "float" and weights.num_bits == 8 and weights.strategy == "block":
-        import torch
-
         blocks_fit = weights.block_structure == [128, 128]
         dynamic = bool(activations and activations.dynamic)
-        return blocks_fit and dynamic and torch.cpu._is_amx_tile_supported()
+        return blocks_fit and dynamic and _has_amx_tiles()
     return False
+
+
+def _has_amx_tiles() -> bool:
+    """What vLLM's x86 expert kernels ask of the CPU (their `_supports_current_device`)."""
+    import torch
+
+    return bool(torch.cpu._is_amx_tile_supported())
 
 
 def _describe(group: QuantizationGroup) -> str:
