@@ -12,6 +12,7 @@ from test_cli_vocabulary import parsed_options
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "measure_serving_gpu.sh"
 STEPS = ["releases", "fp8", "profile", "schemes", "native", "eval", "latency"]
+NAMED_ONLY = ["clef", "omni"]  # the full-size 27B and Omni: run only when named
 
 
 def dry_run(tmp_path: Path, *steps: str) -> subprocess.CompletedProcess:
@@ -42,9 +43,9 @@ def test_every_command_the_script_runs_parses_as_clef_quant_reads_it(
     import clef_quant.cli._options
 
     monkeypatch.setattr(clef_quant.cli._options, "device_problem", lambda _device: None)  # this CPU has no cuda
-    done = dry_run(tmp_path)
-    assert done.returncode == 0, done.stderr
-    commands = [shlex.split(line) for line in done.stdout.splitlines()]
+    done, named = dry_run(tmp_path), dry_run(tmp_path, *NAMED_ONLY)
+    assert done.returncode == 0 and named.returncode == 0, done.stderr + named.stderr
+    commands = [shlex.split(line) for line in (done.stdout + named.stdout).splitlines()]
     assert {words[0] for words in commands} == {"clef-quant"}
     reports = set()
     for words in commands:
@@ -68,6 +69,8 @@ def test_every_command_the_script_runs_parses_as_clef_quant_reads_it(
 def test_steps_run_alone_and_an_unknown_step_stops_before_anything_runs(tmp_path: Path) -> None:
     each = [dry_run(tmp_path, step).stdout for step in STEPS]
     assert all(each) and "".join(each) == dry_run(tmp_path).stdout
+    for step in NAMED_ONLY:
+        assert "--device cuda" in dry_run(tmp_path, step).stdout
     done = dry_run(tmp_path, "releases", "graphs")
     assert done.returncode == 2 and done.stdout == ""
     assert "unknown step 'graphs'" in done.stderr and "releases fp8 profile" in done.stderr
