@@ -102,6 +102,9 @@ def latency_runs(
     `max_model_len`, since its state would be cut and the timing would be of a shorter request."""
     from clef_quant.bench.flide_workloads import flide_workloads
 
+    unknown = [mode for mode in modes if mode not in MODES]
+    if unknown:  # before any release's workloads are built
+        raise BenchError(f"unknown mode {unknown[0]!r}; choose one of {', '.join(MODES)}")
     runs = []
     for folder in folders:
         workloads = flide_workloads(folder)
@@ -114,8 +117,6 @@ def latency_runs(
         family = family_of_folder(folder)
         model = family.name if family is not None else "unknown"
         for mode in modes:
-            if mode not in MODES:
-                raise BenchError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
             row = ReleaseLatency(release=str(folder), model=model, scheme=row_name(folder), mode=mode)
             runs.append((row, workloads))
     return runs
@@ -193,9 +194,9 @@ def run_latency(
     progress: Progress | None = None,
 ) -> LatencyResult:
     """Each release's engine in turn, `settings` for its folder in the row's mode: started, measured on its
-    workloads, stopped;
-    `save` writes `result` after every workload. A release that fails keeps its error in the result and the next
-    one runs. Images stay allowed (the gqa workload holds one), unlike the text-only engines of `bench modes`.
+    workloads, stopped; `save` writes `result` after every workload. A release that fails keeps its error in the
+    result and the next one runs. Images stay allowed (the gqa workload holds one), unlike the text-only engines of
+    `bench modes`.
     `profile_root`: profile each workload too, the traces of the n-th release under `release-<n>` there."""
     stage = Stages(progress)
     for index, (run, workloads) in enumerate(releases, start=1):
