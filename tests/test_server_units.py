@@ -447,6 +447,35 @@ def test_starting_twice_installs_one_filter_that_survives_vllm_reconfiguring(mon
     assert stream.getvalue().count("a warning only a second engine would repeat") == 1
 
 
+def test_warnings_of_a_refused_configuration_are_dropped_and_of_an_accepted_one_shown(monkeypatch) -> None:
+    import io
+
+    from vllm import logger as vllm_logger
+
+    from clef_vllm.engine.vllm_logs import held_vllm_warnings
+
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    vllm_logger._configure_vllm_root_logger()
+    stream = io.StringIO()
+    (handler,) = logging.getLogger("vllm").handlers
+    previous = handler.setStream(stream)
+    log = logging.getLogger("vllm.test_check")
+    try:
+        with pytest.raises(ValueError), held_vllm_warnings():
+            log.warning("said on the way to a refusal")
+            log.error("an error is never held")
+            raise ValueError("refused")
+        with held_vllm_warnings():
+            log.warning("said about an accepted configuration")
+            assert "accepted" not in stream.getvalue()  # held until the check is over
+    finally:
+        handler.setStream(previous)
+    assert "said on the way to a refusal" not in stream.getvalue()
+    assert stream.getvalue().count("an error is never held") == 1
+    assert stream.getvalue().count("said about an accepted configuration") == 1
+    assert not [f for f in handler.filters if type(f).__name__ == "_Held"]
+
+
 def test_shorter_prompts_go_first_in_the_engine_queue_only_when_asked(tiny_dir: Path) -> None:
     from clef_vllm.server.backend import SHORT_PROMPT_TOKENS, EngineBackend, queue_priority
     from clef_vllm.server.cli import parse_args

@@ -151,8 +151,8 @@ def test_eval_refuses_dense_nvfp4a16_on_a_cpu_before_the_reference_scores(
 @pytest.mark.parametrize(
     "command",
     [
-        ["bench", "latency", "--release", "{tiny}", "--out", "{tmp}/latency.md", "--max-model-len", "4096"],
-        ["bench", "throughput", "--reference", "{tiny}", "--data", "{data}/eval", "--out", "{tmp}/throughput.md"],
+        ["bench", "latency", "--release", "{tiny}", "--out", "{tmp}/latency.md"],
+        ["bench", "throughput", "--reference", "{tiny}", "--data", "{data}", "--out", "{tmp}/throughput.md"],
         ["bench", "modes", "--release", "{tiny}@invariant", "--out", "{tmp}/modes.md"],
     ],
     ids=["latency", "throughput", "modes"],

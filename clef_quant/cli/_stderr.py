@@ -125,7 +125,9 @@ def stage_line(first: str) -> Iterator[_StageLine]:
 
 
 def quiet_tools(verbose: bool, *settings: Mapping[str, str]) -> None:
-    """Lower the tools' log levels (unless the user set them, or asked for --verbose)."""
+    """Lower the tools' log levels (unless the user set them, or asked for --verbose); vLLM's logs go to stderr
+    either way (its default is stdout, which keeps only the results)."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if verbose:
         return
     for setting in settings:

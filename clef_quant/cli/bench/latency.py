@@ -96,9 +96,10 @@ def latency(
     settings = engine_settings(
         release[0], max_model_len=max_model_len, enforce_eager=enforce_eager, engine_arg=engine_arg
     )
-    check_engines(release, settings)
     with stage_line("building the workloads"):
         runs = latency_runs(release, max_model_len, tuple(dict.fromkeys(mode or ["invariant"])))
+    # Last of the checks: vLLM's warnings about a configuration it accepts are printed here.
+    check_engines(release, settings)
     result = starting_result(command_line(), repeats=repeats, settings=settings)
     # Stopped early (Ctrl-C, or SIGTERM, which user_errors turns into the same), it writes what it measured.
     with stage_line("benchmarking") as progress, report_written(lambda: write_report(result, out)):

@@ -112,7 +112,6 @@ def modes(
     settings = engine_settings(
         releases[0][1], max_model_len=max_model_len, enforce_eager=enforce_eager, engine_arg=engine_arg, server=True
     )
-    check_engines([folder for _, folder, _ in releases], settings)
     bodies, result = starting_result(
         releases[0][1],
         records=records,
@@ -123,6 +122,8 @@ def modes(
     )
     if append:
         result = appended(json_beside(out), result)
+    # Last of the checks: vLLM's warnings about a configuration it accepts are printed here.
+    check_engines([folder for _, folder, _ in releases], settings)
     # Stopped early (Ctrl-C, or SIGTERM, which user_errors turns into the same), it writes what it measured.
     with server_exits(), stage_line("benchmarking") as progress, report_written(lambda: write_report(result, out)):
         run_modes(

@@ -86,8 +86,9 @@ def throughput(
     settings = engine_settings(
         reference, max_model_len=max_model_len, enforce_eager=enforce_eager, engine_arg=engine_arg
     )
-    check_engines([folder for _, folder in sides], settings)
     requests = load_requests(data, records)
+    # Last of the checks: vLLM's warnings about a configuration it accepts are printed here.
+    check_engines([folder for _, folder in sides], settings)
     with stage_line("benchmarking") as progress:
         result = run_throughput(
             reference,

@@ -47,18 +47,18 @@ def engine_config(model: str | Path, args: dict[str, Any], *, batch_invariant: b
     from vllm.usage.usage_lib import UsageContext
 
     from clef_vllm.engine.settings import own_kv_cache, prepare_engine_process, warn_kv_cache_space_ignored
-    from clef_vllm.engine.vllm_logs import show_vllm_warnings_once
+    from clef_vllm.engine.vllm_logs import held_vllm_warnings
 
     prepare_engine_process(batch_invariant, model, args)
-    show_vllm_warnings_once()
     engine_class, usage = (AsyncEngineArgs, UsageContext.ENGINE_CONTEXT) if serving else (EngineArgs, None)
-    try:
-        with own_kv_cache(args.get(KV_CACHE_KEY), warn=False):  # vLLM's CPU platform reads it here
-            engine = engine_class(**args)
-            config = engine.create_engine_config(usage) if usage else engine.create_engine_config()
-    except (ValueError, TypeError, NotImplementedError) as exc:  # pydantic's ValidationError is a ValueError
-        raise SettingsError(f"vLLM refuses the engine settings: {vllm_refusal(exc)}") from None
-    check_kv_cache(config, args.get(KV_CACHE_KEY))
+    with held_vllm_warnings():
+        try:
+            with own_kv_cache(args.get(KV_CACHE_KEY), warn=False):  # vLLM's CPU platform reads it here
+                engine = engine_class(**args)
+                config = engine.create_engine_config(usage) if usage else engine.create_engine_config()
+        except (ValueError, TypeError, NotImplementedError) as exc:  # pydantic's ValidationError is a ValueError
+            raise SettingsError(f"vLLM refuses the engine settings: {vllm_refusal(exc)}") from None
+        check_kv_cache(config, args.get(KV_CACHE_KEY))
     warn_kv_cache_space_ignored(args.get(KV_CACHE_KEY))  # after the refusals, which then stay the only line
     return config
 

@@ -17,6 +17,8 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # Warnings that describe vLLM's internals, with nothing for a user to do.
 SILENCED = (
@@ -74,6 +76,50 @@ def show_vllm_warnings_once() -> None:
     for target in (*loggers, *handlers):
         if WARNINGS_ONCE not in target.filters:
             target.addFilter(WARNINGS_ONCE)
+
+
+class _Held(logging.Filter):
+    """Keeps the records below ERROR that reach one handler, instead of letting them through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        self.records.append(record)
+        return False
+
+
+@contextmanager
+def held_vllm_warnings() -> Iterator[None]:
+    """vLLM's warnings while a configuration is checked, shown only if the check passes: a refused configuration
+    ends in its one error line, without the warnings vLLM printed on the way to refusing it."""
+    _configure_vllm_logging()
+    show_vllm_warnings_once()
+    handlers = {h for logger in (logging.getLogger("vllm"), logging.root) for h in logger.handlers}
+    holds = [(handler, _Held()) for handler in handlers]
+    for handler, hold in holds:
+        handler.addFilter(hold)
+    passed = False
+    try:
+        yield
+        passed = True
+    finally:
+        for handler, hold in holds:
+            handler.removeFilter(hold)
+            for record in hold.records if passed else ():
+                handler.handle(record)
+
+
+def _configure_vllm_logging() -> None:
+    """vLLM's logging as its engine configuration sets it up (with the default logging settings), done now: the
+    handler it would otherwise build in the middle of a check is then one of those the check holds."""
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging_if_needed
+
+    configure_logging_if_needed(LoggingConfig())
 
 
 def _name_in_vllm_logging_config() -> None:
