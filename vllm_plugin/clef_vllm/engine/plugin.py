@@ -19,8 +19,9 @@ def register() -> None:
 
     show_vllm_warnings_once()  # also in the engine core and worker processes, which call register() too
 
-    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+    # Over vLLM's own class of the same name (vLLM 0.33 and later): the plugin's class is the one whose answers keep
+    # to the invariance settings and graphs of `clef_vllm.engine`, and the one its read strategy pairs with.
+    ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
     _register_config_hook()
     _register_cpu_nvfp4_kernel()
     _register_cpu_fp8_kernel()
@@ -63,11 +64,12 @@ def _register_cpu_conv1d() -> None:
 
 
 def _register_read_strategy() -> None:
-    try:
-        from vllm.entrypoints.generate.structured_decisions import strategies
-    except ImportError:  # a vLLM build without the structured decisions API
-        return
-    if ARCHITECTURE not in strategies.READ_STRATEGIES:
-        from clef_vllm.engine.vllm_strategy import ClefFlashStrategy
+    from clef_vllm.engine.vllm_decisions import decisions_module
 
-        strategies.READ_STRATEGIES[ARCHITECTURE] = ClefFlashStrategy
+    strategies = decisions_module("strategies")
+    if strategies is None:  # a vLLM build without the structured decisions API
+        return
+    from clef_vllm.engine.vllm_strategy import ClefFlashStrategy
+
+    # Over vLLM's own strategy for the name, which reads the probabilities of vLLM's own class, not our logits.
+    strategies.READ_STRATEGIES[ARCHITECTURE] = ClefFlashStrategy

@@ -18,17 +18,11 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from vllm.entrypoints.generate.structured_decisions.question_types import Question, StructuredDecisionError
-from vllm.entrypoints.generate.structured_decisions.strategies import (
-    DecisionLimits,
-    QuestionRead,
-    ReadContext,
-    ReadStrategy,
-)
 from vllm.inputs import tokens_input
 
 from clef_vllm.engine.pooling_contract import check_token_ids, pooling_params
 from clef_vllm.engine.prompt import engine_prompt
+from clef_vllm.engine.vllm_decisions import decision_limits, decisions_module
 from clef_vllm.errors import RequestError
 from clef_vllm.format.answers import split_logits
 from clef_vllm.format.encoder import Encoder
@@ -36,6 +30,16 @@ from clef_vllm.format.encoding import DEFAULT_MAX_LENGTH, Encoding
 from clef_vllm.format.limits import DEFAULT_LIMITS, Limits
 from clef_vllm.format.request import ClefRequest
 from clef_vllm.format.text import render
+
+_questions, _strategies = decisions_module("question_types"), decisions_module("strategies")
+if _questions is None or _strategies is None:
+    raise ImportError("this vLLM has no structured decisions API (vllm serve's /v1/systemone)")
+Question = _questions.Question
+StructuredDecisionError = _questions.StructuredDecisionError
+DecisionLimits = _strategies.DecisionLimits
+QuestionRead = _strategies.QuestionRead
+ReadContext = _strategies.ReadContext
+ReadStrategy = _strategies.ReadStrategy
 
 
 def _systemone_body(
@@ -89,13 +93,13 @@ class ClefFlashStrategy(ReadStrategy):
         )
 
     def limits(self) -> DecisionLimits:
-        return DecisionLimits(max_questions=DEFAULT_LIMITS.max_questions, max_options=256)
+        return decision_limits(DecisionLimits, max_questions=DEFAULT_LIMITS.max_questions, max_options=256)
 
     def render_state(self, state: Any) -> str:
         return render(state)
 
-    def num_requests(self, questions: list[Question]) -> int:
-        return 1
+    def num_requests(self, questions: list[Question], joint: bool = False) -> int:
+        return 1  # one pooling read answers every question (vLLM 0.34 also asks about joint reads)
 
     async def read(
         self,
