@@ -12,6 +12,7 @@ import torch
 from vllm.v1.attention.backends.utils import NULL_BLOCK_ID
 
 from clef_vllm.engine.gdn_graphs import (
+    FRESH_PROMPT_ATTR,
     GDN_GRAPHS_ENV,
     MAX_TOKENS,
     MIN_TOKENS,
@@ -19,6 +20,7 @@ from clef_vllm.engine.gdn_graphs import (
     fresh_prompt_tokens,
     gdn_graphs_on,
     install_prompt_graphs,
+    keeping_mark,
     single_prompt_metadata,
 )
 
@@ -100,3 +102,21 @@ def test_nothing_is_installed_without_a_gpu_or_with_the_switch_off(monkeypatch: 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv(GDN_GRAPHS_ENV, "0")
     assert install_prompt_graphs(model, config) is None
+
+
+def test_each_group_of_gdn_layers_gets_the_mark_of_the_step() -> None:
+    # vLLM's GPU model runner builds a step's GDN metadata once and gives each further KV-cache group of GDN layers
+    # a `dataclasses.replace` copy with that group's block table; every group must still see the one prompt.
+    from dataclasses import replace
+
+    def vllms_update(builder: object, metadata: object, block_table: torch.Tensor, slot_mapping: torch.Tensor):
+        return replace(metadata, non_spec_state_indices_tensor=block_table[:, 0])
+
+    built = single_prompt_metadata(96, "cpu")
+    setattr(built, FRESH_PROMPT_ATTR, 96)
+    table = torch.tensor([[7]], dtype=torch.int32)
+
+    assert getattr(vllms_update(None, built, table, table), FRESH_PROMPT_ATTR, None) is None  # what vLLM alone does
+    copy = keeping_mark(vllms_update)(None, built, table, table)
+    assert getattr(copy, FRESH_PROMPT_ATTR) == 96
+    assert copy.non_spec_state_indices_tensor.tolist() == [7]

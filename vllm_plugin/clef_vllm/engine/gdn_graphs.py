@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +94,24 @@ def mark_fresh_single_prompts() -> None:
         return metadata
 
     GDNAttentionMetadataBuilder.build = build_and_mark  # type: ignore[method-assign]
+    GDNAttentionMetadataBuilder.update_block_table = keeping_mark(  # type: ignore[method-assign]
+        GDNAttentionMetadataBuilder.update_block_table
+    )
     _MARKED = True
+
+
+def keeping_mark(update_block_table: Callable[..., Any]) -> Callable[..., Any]:
+    """vLLM's `update_block_table`, with the mark carried over. vLLM's GPU model runner builds one GDN metadata per
+    step and hands each further group of GDN layers a copy with its own block table (a hybrid model's layers are
+    split into KV-cache groups, a third of the GDN layers each on Qwen3.5); the copy is `dataclasses.replace`,
+    which keeps the fields only, so without this only the first group's layers replayed their graphs."""
+
+    def update_and_keep_mark(self: Any, metadata: Any, *args: Any, **kwargs: Any) -> Any:
+        updated = update_block_table(self, metadata, *args, **kwargs)
+        setattr(updated, FRESH_PROMPT_ATTR, getattr(metadata, FRESH_PROMPT_ATTR, None))
+        return updated
+
+    return update_and_keep_mark
 
 
 def single_prompt_metadata(tokens: int, device: torch.device | str) -> Any:
