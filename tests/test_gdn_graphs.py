@@ -92,16 +92,42 @@ def test_the_switch(monkeypatch: pytest.MonkeyPatch, value: str | None, on: bool
     assert gdn_graphs_on() is on
 
 
-def test_nothing_is_installed_without_a_gpu_or_with_the_switch_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def _model_with_one_gdn_layer() -> torch.nn.Module:
+    from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
+
+    layer = QwenGatedDeltaNetAttention.__new__(QwenGatedDeltaNetAttention)  # only its type and method are read
+    torch.nn.Module.__init__(layer)
+    layer._forward_core = lambda **kwargs: None
     model = torch.nn.Module()
-    config = SimpleNamespace(
+    model.linear_attn = layer
+    return model
+
+
+def _engine_config(*, chunked_prefill: bool) -> SimpleNamespace:
+    return SimpleNamespace(
         model_config=SimpleNamespace(enforce_eager=False),
         compilation_config=SimpleNamespace(cudagraph_mode="PIECEWISE", cudagraph_capture_sizes=[512]),
+        scheduler_config=SimpleNamespace(enable_chunked_prefill=chunked_prefill),
     )
-    assert install_prompt_graphs(model, config) is None  # this machine has no GPU
+
+
+def test_nothing_is_installed_without_a_gpu_or_with_the_switch_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = _engine_config(chunked_prefill=False)
+    assert install_prompt_graphs(_model_with_one_gdn_layer(), config) is None  # this machine has no GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv(GDN_GRAPHS_ENV, "0")
-    assert install_prompt_graphs(model, config) is None
+    assert install_prompt_graphs(_model_with_one_gdn_layer(), config) is None
+
+
+def test_graphs_are_installed_only_where_prompts_are_never_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A first piece of a longer prompt looks like a whole one-prompt step; its state must reach the cache, which the
+    # graphs do not write, so engines with chunked prefill (pieces, the batched mode) keep vLLM's path.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv(GDN_GRAPHS_ENV, raising=False)
+    assert install_prompt_graphs(_model_with_one_gdn_layer(), _engine_config(chunked_prefill=True)) is None
+    installed = install_prompt_graphs(_model_with_one_gdn_layer(), _engine_config(chunked_prefill=False))
+    assert installed is not None and installed.sizes == {512}
+    installed.uninstall()
 
 
 def test_each_group_of_gdn_layers_gets_the_mark_of_the_step() -> None:

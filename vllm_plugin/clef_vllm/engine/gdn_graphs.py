@@ -313,8 +313,9 @@ class _LayerCall:
 
 
 def install_prompt_graphs(model: torch.nn.Module, vllm_config: Any) -> PromptGraphs | None:
-    """Put `PromptGraphs` over the model's Gated DeltaNet layers when the engine runs CUDA graphs on a GPU and
-    `CLEF_GDN_GRAPHS` is not off; returns it, or None where nothing was installed."""
+    """Put `PromptGraphs` over the model's Gated DeltaNet layers when the engine runs CUDA graphs on a GPU with
+    whole prompts per step (chunked prefill off, the invariant mode) and `CLEF_GDN_GRAPHS` is not off; returns it,
+    or None where nothing was installed."""
     import torch
     from vllm.config import CUDAGraphMode
     from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
@@ -324,6 +325,10 @@ def install_prompt_graphs(model: torch.nn.Module, vllm_config: Any) -> PromptGra
         not torch.cuda.is_available()
         or not gdn_graphs_on()
         or vllm_config.model_config.enforce_eager
+        # With chunked prefill a step of one prompt from its first token can be the first piece of a longer one
+        # (pieces of `prompt_chunk`, the batched mode's step budget, a piece ended before an image): its final
+        # state must reach the cache for the next piece, and the graphs write theirs to a scratch slot.
+        or vllm_config.scheduler_config.enable_chunked_prefill
         or compilation.cudagraph_mode in (None, CUDAGraphMode.NONE)
         or not compilation.cudagraph_capture_sizes
     ):
