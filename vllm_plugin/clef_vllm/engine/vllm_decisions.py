@@ -1,7 +1,7 @@
 """Where vLLM keeps the structured decisions API that `vllm serve`'s `/v1/systemone` reads through.
 
-vLLM 0.32 has it under `vllm.entrypoints.generate.structured_decisions`; 0.34 moved it beside its OpenAI server
-(`vllm.entrypoints.openai.decisions`), with the same question and strategy types."""
+vLLM 0.32 has it under `vllm.entrypoints.generate.structured_decisions`; 0.34 keeps the route there and moved the
+question types and read strategies to `vllm.entrypoints.openai.decisions`, unchanged but for additions."""
 
 from __future__ import annotations
 
