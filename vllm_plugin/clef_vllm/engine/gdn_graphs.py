@@ -26,7 +26,9 @@ path unchanged. `CLEF_GDN_GRAPHS=0` turns the replays off.
 
 Measured on an H100, side by side in one lease (bench/results/serve-h100-fp8-gdn-graphs.md): flash FP8, one
 1.5k-token request 41.4 ms p50 against 54.9 without the replays, and every request the same bits alone (replayed)
-as inside the batch and inside mixed batches (vLLM's path), 8/8 and 35/35.
+as inside the batch and inside mixed batches (vLLM's path), 8/8 and 35/35. That run replayed a third of the layers
+(see `keeping_mark`); with all of them, one flash FP8 request of 553 tokens took 30.2 ms p50 on an H100
+(bench/results/latency-h100-flash-gdn-groups.md).
 """
 
 from __future__ import annotations
