@@ -451,11 +451,13 @@ def test_warnings_of_a_refused_configuration_are_dropped_and_of_an_accepted_one_
     import io
 
     from vllm import logger as vllm_logger
+    from vllm.config.logging import LoggingConfig
 
     from clef_vllm.engine.vllm_logs import held_vllm_warnings
 
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
-    vllm_logger._configure_vllm_root_logger()
+    # vLLM's own configuration, recorded as the active one, so that the check below keeps this handler
+    vllm_logger.configure_logging(LoggingConfig())
     stream = io.StringIO()
     (handler,) = logging.getLogger("vllm").handlers
     previous = handler.setStream(stream)
