@@ -35,10 +35,7 @@ def test_the_timed_shapes_are_every_quantized_linear_of_the_model(size: str) -> 
     shapes = script().linear_shapes(spec)
     # Merged projections hold the same weights as the model's separate ones: same K, and N summed per layer.
     assert sum(n * k * layers for _, n, k, layers in shapes) == sum(s.numel() for s in weights.values())
-    by_k = {}
-    for name, shape in weights.items():
-        by_k.setdefault(name.rsplit(".", 1)[-1], set()).add(shape[1])
-    assert {k for _, _, k, _ in shapes} == set().union(*by_k.values())
+    assert {k for _, _, k, _ in shapes} == {shape[1] for shape in weights.values()}
     assert (
         sum(layers for name, _, _, layers in shapes if name.startswith(("gdn", "attn")))
         == 2 * spec.text.num_hidden_layers
